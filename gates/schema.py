@@ -1,0 +1,114 @@
+"""The run-directory contract (DESIGN.md section 6): file names and columns every stage agrees on.
+
+The harness writes these tables, gates and reports read them. While a run is going each
+table is an append-only JSON-lines file (`<table>.jsonl`, one object per line, flushed per
+line); at the end the harness compacts each into `<table>.parquet`. Readers prefer Parquet
+and fall back to JSON lines, so a crashed run can still be judged. All cross-process
+timestamps are epoch seconds (float); durations are seconds.
+"""
+
+from __future__ import annotations
+
+META_FILE = "meta.json"
+VERDICT_FILE = "verdict.json"
+JUNIT_FILE = "junit.xml"
+
+REQUESTS = "requests"
+SERVER_EVENTS = "server_events"
+SAMPLES = "samples"
+FAULTS = "faults"
+TABLES = (REQUESTS, SERVER_EVENTS, SAMPLES, FAULTS)
+
+# One row per request the load generator sent (exactly one, whatever its ending).
+REQUEST_COLUMNS = (
+    "request_id",  # str, also sent as X-Request-Id
+    "traffic_class",  # short_qa | long_context | long_output | shared_prefix | multi_turn
+    #                   | cancel_storm | tenant_burst | batch
+    "tenant",  # str
+    "priority",  # critical | interactive | batch
+    "api_key_name",  # str | None: which key of the tenant was used (never the key itself)
+    "replica",  # str | None: X-Replica response header
+    "worker",  # str: the load-generator process that sent it
+    "t_send",  # float epoch s
+    "ttft_s",  # float | None: first chunk carrying content
+    "e2e_s",  # float | None: send to end of stream / body
+    "itl_mean_s",  # float | None: inter-token (chunk) gaps
+    "itl_p50_s",
+    "itl_p99_s",
+    "itl_max_s",
+    "chunks",  # int: content chunks received
+    "prompt_tokens",  # int | None: from the server's usage
+    "completion_tokens",  # int | None
+    "cached_tokens",  # int | None: usage.prompt_tokens_details.cached_tokens
+    "target_prompt_tokens",  # int: what the workload aimed for
+    "max_tokens",  # int | None: what was asked for
+    "outcome",  # ok | cancelled | rejected | error | timeout | disconnected | protocol_error
+    "http_status",  # int | None
+    "error_code",  # str | None: OpenAI error.code, or the client's own classification
+    "error_message",  # str | None
+    "retry_after_s",  # float | None
+    "cancel_at",  # float | None: epoch s the client closed the connection on purpose
+    "finish_reason",  # str | None
+)
+
+OUTCOMES = ("ok", "cancelled", "rejected", "error", "timeout", "disconnected", "protocol_error")
+
+# The server's per-request events, as collected from /debug/events (plus harness-observed
+# replica lifecycle rows: event in {"replica_started", "replica_died", "oom"}).
+SERVER_EVENT_COLUMNS = (
+    "t",  # float epoch s
+    "replica",  # str
+    "seq",  # int: per-replica sequence number
+    "request_id",  # str | None (None for replica lifecycle rows)
+    "tenant",  # str | None
+    "priority",  # str | None
+    "event",  # admitted | queued | rejected | preempted | resumed | finished | cancelled
+    #           | released | replica_started | replica_died | oom
+    "blocks",  # int: blocks held by the request after the event (released: blocks freed)
+    "reserved_tokens",  # int: tokens reserved for the request after the event
+    "used_tokens",  # int: tokens actually held in KV (prompt + generated) at the event
+    "reason",  # str | None: rejection/preemption reason code
+    "pool_used_blocks",  # int: replica pool usage after the event
+    "pool_total_blocks",  # int
+)
+
+# Time series in long form: one row per (time, source, target, metric, labels) value.
+SAMPLE_COLUMNS = (
+    "t",  # float epoch s
+    "source",  # nvml | prometheus | sim_gpu | process | harness
+    "target",  # gpu index, replica id, "gateway", or a PID
+    "metric",  # DCGM field name for NVML (DCGM_FI_DEV_FB_USED ...), metric name otherwise
+    "labels",  # str: canonical "k=v,k=v" sorted by key, "" when none
+    "value",  # float
+)
+
+FAULT_COLUMNS = (
+    "fault_id",  # str
+    "kind",  # kill | pause | kill_during_storm
+    "target",  # replica id
+    "pid",  # int | None
+    "t_start",  # float epoch s
+    "t_end",  # float | None: when the rollback finished
+    "params",  # str: JSON of the fault's parameters
+    "outcome",  # ok | failed: <why>
+    "rollback",  # str: what the rollback did (restarted, resumed, ...)
+)
+
+# meta.json keys that gates and reports rely on (all written by the harness):
+#   plan (dict), target (dict: url, kind, model, model_digest, runtime_version, gpu_sku,
+#   scheduler_config_digest, policy, replicas, config (dict of scheduler config values)),
+#   harness_version, hosts, t_start, t_end, seed,
+#   cpu_warning (bool), cpu_warnings (list of {t, worker, cpu_percent}),
+#   sim_lag_ms_p99 (float | None), sim_lag_bound_ms (float),
+#   windows: {"stress": [t0, t1], "idle_before": [t0, t1] | None, "after_load": [t0, t1] | None},
+#   phases: list of {"name": "peak" | "trough" | ..., "t0", "t1"} from the load shape,
+#   capacity: {"rejection_started_users": int | None, "timeouts_started_users": int | None}
+META_KEYS = (
+    "plan",
+    "target",
+    "harness_version",
+    "t_start",
+    "t_end",
+    "cpu_warning",
+    "windows",
+)

@@ -1,0 +1,1 @@
+"""Run orchestration: CLI, plans, target lifecycle, samplers, fault injectors, run directory."""

@@ -1,0 +1,87 @@
+"""The `kvgate` command: one entry point that hands each subcommand to the stage that owns it.
+
+The system under test (`server`) is only ever started as its own process, so `serve` and
+the server benchmarks replace this process with `python -m ...` instead of importing it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from collections.abc import Callable, Sequence
+
+USAGE = """usage: kvgate COMMAND [ARGS...]
+
+commands:
+  serve                 start the reference deployment (gateway + replicas)
+  run PLAN              run a load/chaos plan, then gate it and write the reports
+  gate RUN_DIR          evaluate the release gates over a run directory
+  report RUN_DIR        write report.html, summary.md and report.json for a run
+  compare CAND BASE     rollback decision: candidate run against a baseline run
+  bench scheduler|server|client|analysis [--json]
+                        benchmarks of each stage
+
+`kvgate COMMAND --help` describes each command."""
+
+# Subcommands that run in this process: "module:function", called with the remaining argv.
+IN_PROCESS = {
+    "run": "harness.run_cmd:main",
+    "gate": "gates.cli:main",
+    "report": "reports.cli:main",
+    "compare": "reports.compare_cmd:main",
+}
+# Subcommands that become their own process (the server side never shares a process with us).
+AS_PROCESS = {
+    "serve": "server.serve",
+}
+BENCHES_IN_PROCESS = {
+    "client": "workloads.bench:main",
+    "analysis": "reports.bench:main",
+}
+BENCHES_AS_PROCESS = {
+    "scheduler": "server.scheduler.bench",
+    "server": "server.bench",
+}
+
+EXIT_USAGE = 2
+
+
+def _load(target: str) -> Callable[[Sequence[str]], int]:
+    module_name, func_name = target.split(":")
+    module = importlib.import_module(module_name)
+    func: Callable[[Sequence[str]], int] = getattr(module, func_name)
+    return func
+
+
+def _exec_module(module: str, args: Sequence[str]) -> int:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, [sys.executable, "-m", module, *args])
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help", "help"):
+        print(USAGE)
+        return 0 if args else EXIT_USAGE
+    command, rest = args[0], args[1:]
+    if command == "bench":
+        if not rest or rest[0] not in {**BENCHES_IN_PROCESS, **BENCHES_AS_PROCESS}:
+            names = ", ".join(sorted({**BENCHES_IN_PROCESS, **BENCHES_AS_PROCESS}))
+            print(f"kvgate bench: name a benchmark: {names}", file=sys.stderr)
+            return EXIT_USAGE
+        name, rest = rest[0], rest[1:]
+        if name in BENCHES_AS_PROCESS:
+            return _exec_module(BENCHES_AS_PROCESS[name], rest)
+        return _load(BENCHES_IN_PROCESS[name])(rest)
+    if command in AS_PROCESS:
+        return _exec_module(AS_PROCESS[command], rest)
+    if command in IN_PROCESS:
+        return _load(IN_PROCESS[command])(rest)
+    print(f"kvgate: unknown command {command!r}\n\n{USAGE}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

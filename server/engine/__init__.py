@@ -1,0 +1,1 @@
+"""Engines that execute a scheduler step: `sim` (a virtual GPU) is the default."""

@@ -1,0 +1,1 @@
+"""The shipped KV-cache scheduler: admission, quotas, pressure ladder, eviction, prefix sharing."""

@@ -1,0 +1,1 @@
+"""Locust user classes, the streaming OpenAI client, prompt generation and load shapes."""
