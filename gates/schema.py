@@ -112,3 +112,35 @@ META_KEYS = (
     "cpu_warning",
     "windows",
 )
+
+# Added for gates and reports (additive; nothing above is renamed).
+TRAFFIC_CLASSES = (
+    "short_qa",
+    "long_context",
+    "long_output",
+    "shared_prefix",
+    "multi_turn",
+    "cancel_storm",
+    "tenant_burst",
+    "batch",
+)
+PRIORITIES = ("critical", "interactive", "batch")
+SERVER_EVENTS_KINDS = (
+    "admitted",
+    "queued",
+    "rejected",
+    "preempted",
+    "resumed",
+    "finished",
+    "cancelled",
+    "released",
+    "replica_started",
+    "replica_died",
+    "oom",
+)
+# Files the reports write into the run directory (rollback files go to the candidate run).
+REPORT_HTML = "report.html"
+SUMMARY_MD = "summary.md"
+REPORT_JSON = "report.json"
+ROLLBACK_MD = "rollback.md"
+ROLLBACK_JSON = "rollback.json"

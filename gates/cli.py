@@ -1,0 +1,72 @@
+"""`kvgate gate RUN_DIR [--gates FILE]`: judge a run.
+
+Exit codes: 0 pass, 3 fail, 4 marginal, 5 invalid, 2 usage (bad arguments, directory or gate file).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from gates.evaluator import evaluate_run
+from gates.rundir import RunDirError
+from gates.spec import GateSpecError
+from gates.verdict import EXIT_USAGE, Verdict
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that raises instead of exiting, so main() returns the usage code."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise GateUsageError(f"{self.prog}: {message}\n{self.format_usage().strip()}")
+
+
+class GateUsageError(Exception):
+    pass
+
+
+def parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="kvgate gate", description="Evaluate the release gates over a run directory.")
+    p.add_argument("run_dir", type=Path, help="the run directory `kvgate run` wrote")
+    p.add_argument(
+        "--gates", type=Path, default=None, help="gate file (YAML); default: the built-in gates"
+    )
+    p.add_argument("--quiet", action="store_true", help="print only the verdict line")
+    return p
+
+
+def format_verdict(verdict: Verdict, quiet: bool = False) -> str:
+    lines = [f"verdict: {verdict.status} (score {verdict.score:g}) for {verdict.run_dir}"]
+    lines += [f"  run: {p}" for p in verdict.run_problems]
+    if quiet:
+        return "\n".join(lines)
+    for gate in verdict.gates:
+        key = " [key]" if gate.key else ""
+        lines.append(f"  {gate.status:<8} {gate.id}{key}: {gate.message} (n={gate.n_samples})")
+        for item in gate.evidence[:3] if gate.status != "PASS" else []:
+            lines.append(f"           evidence: {item}")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        args = parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    except GateUsageError as exc:
+        print(exc, file=sys.stderr)
+        return EXIT_USAGE
+    except SystemExit as exc:  # --help
+        return 0 if exc.code in (0, None) else EXIT_USAGE
+    try:
+        verdict = evaluate_run(args.run_dir, args.gates)
+    except (RunDirError, GateSpecError) as exc:
+        print(f"kvgate gate: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    print(format_verdict(verdict, args.quiet))
+    print(f"wrote {args.run_dir / 'verdict.json'} and {args.run_dir / 'junit.xml'}")
+    return verdict.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,205 @@
+"""The gate evaluator: metrics -> statistics -> per-gate status -> the run's verdict.
+
+A run is INVALID when its load generator hit the CPU warning, its simulator lagged beyond
+the bound, or a key gate has no data; otherwise any failing key gate (or a weighted score
+below the file's floor) fails it, and anything short of all-PASS is MARGINAL.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from gates import schema
+from gates.junit import write_junit
+from gates.metrics import REGISTRY, Observations
+from gates.rundir import RunData, load_run
+from gates.spec import OPERATORS, GateFile, GateSpec, Threshold, load_gate_file
+from gates.verdict import SCORE, GateResult, Status, Verdict
+
+EVIDENCE_ROWS = 5
+MISSING_STATUS = {"invalid": Status.INVALID, "fail": Status.FAIL, "pass": Status.PASS}
+
+
+def statistic(values: np.ndarray, threshold: Threshold) -> float:
+    """The threshold's statistic over raw values; NaN when it is undefined for no values."""
+    if threshold.statistic == "count":
+        return float(len(values))
+    if threshold.statistic == "sum":
+        return float(values.sum()) if len(values) else 0.0
+    if len(values) == 0:
+        return math.nan
+    if threshold.statistic == "p":
+        assert threshold.quantile is not None
+        return float(np.percentile(values, threshold.quantile))
+    functions: dict[str, Callable[[np.ndarray], Any]] = {
+        "rate": np.mean,
+        "mean": np.mean,
+        "max": np.max,
+        "min": np.min,
+    }
+    return float(functions[threshold.statistic](values))
+
+
+def evaluate(run: RunData, gate_file: GateFile, gates_path: str = "builtin") -> Verdict:
+    """Judge every gate of `gate_file` over `run`; writes nothing."""
+    results = [judge(run, gate) for gate in gate_file.gates]
+    problems = run_problems(run.meta)
+    total_weight = sum(g.weight for g in results)
+    score = sum(SCORE[g.status] * g.weight for g in results) / total_weight
+    if problems or any(g.key and g.status == Status.INVALID for g in results):
+        status = Status.INVALID
+    elif (
+        any(g.key and g.status == Status.FAIL for g in results)
+        or score < gate_file.fail_score_below
+    ):
+        status = Status.FAIL
+    elif any(g.status != Status.PASS for g in results):
+        status = Status.MARGINAL
+    else:
+        status = Status.PASS
+    missing_key = [g.id for g in results if g.key and g.status == Status.INVALID]
+    if missing_key:
+        problems = [*problems, f"key gates without data: {', '.join(missing_key)}"]
+    notes = [
+        f"{name}.jsonl: dropped {n} truncated line(s)" for name, n in run.truncated_lines.items()
+    ]
+    return Verdict(
+        status=status,
+        gates=results,
+        run_problems=problems,
+        score=round(score, 4),
+        run_dir=str(run.path),
+        gates_file=gates_path,
+        notes=notes,
+    )
+
+
+def run_problems(meta: dict[str, Any]) -> list[str]:
+    """Why the run cannot judge the system at all (load generator or simulator untrustworthy)."""
+    problems = []
+    if meta.get("cpu_warning"):
+        warnings = meta.get("cpu_warnings") or []
+        first = warnings[0] if warnings and isinstance(warnings[0], dict) else {}
+        where = (
+            f"; first: worker {first.get('worker')} at {first.get('cpu_percent')}% CPU"
+            if first
+            else ""
+        )
+        problems.append(
+            f"the load generator hit its CPU warning ({len(warnings)} warning(s){where}); "
+            "its timings are not trustworthy: add workers or lower the user count"
+        )
+    lag, bound = meta.get("sim_lag_ms_p99"), meta.get("sim_lag_bound_ms")
+    if isinstance(lag, int | float) and isinstance(bound, int | float) and lag > bound:
+        problems.append(
+            f"the simulated GPU lagged its clock (p99 {lag:g} ms > bound {bound:g} ms); "
+            "rerun on a less loaded machine or with fewer replicas"
+        )
+    return problems
+
+
+def judge(run: RunData, gate: GateSpec) -> GateResult:
+    definition = REGISTRY[gate.metric]
+    try:
+        obs = definition.compute(run, gate.filter, gate.params)
+    except (KeyError, ValueError, TypeError) as exc:
+        obs = Observations.none(
+            f"metric {gate.metric} could not be computed: {type(exc).__name__}: {exc}"
+        )
+    values = obs.frame["value"].to_numpy(dtype=float)
+    value = statistic(values, gate.pass_) if obs.n_samples else math.nan
+    result = GateResult(
+        id=gate.id,
+        title=gate.title,
+        metric=gate.metric,
+        key=gate.key,
+        weight=gate.weight,
+        status=Status.PASS,
+        statistic=gate.pass_.label,
+        threshold=gate.pass_.text,
+        warn=gate.warn.text if gate.warn else None,
+        value=None if math.isnan(value) else value,
+        n_samples=obs.n_samples,
+        message="",
+        filter=gate.filter.model_dump(exclude_none=True),
+        unit=definition.unit,
+        notes=list(obs.notes),
+    )
+    if math.isnan(value):
+        why = obs.missing or f"no observation to take {gate.pass_.label} of"
+        result.status = MISSING_STATUS[gate.on_missing]
+        result.message = f"no data: {why}"
+        return result
+    _attach_evidence(result, obs.frame, gate.pass_)
+    if not gate.pass_.holds(value):
+        result.status = Status.FAIL
+        result.message = f"{gate.pass_.label} = {value:.6g}, needs {gate.pass_.text}"
+    elif gate.warn is not None and not gate.warn.holds(value):
+        result.status = Status.MARGINAL
+        result.message = (
+            f"{gate.pass_.label} = {value:.6g} passes {gate.pass_.text} but not {gate.warn.text}"
+        )
+    else:
+        result.message = f"{gate.pass_.label} = {value:.6g} meets {gate.pass_.text}"
+    return result
+
+
+def _attach_evidence(result: GateResult, frame: pd.DataFrame, threshold: Threshold) -> None:
+    """The worst rows, and when/how often single observations broke the threshold."""
+    if frame.empty:
+        return
+    values = frame["value"].to_numpy(dtype=float)
+    breach = ~np.asarray(OPERATORS[threshold.op](values, threshold.value), dtype=bool)
+    if threshold.statistic in ("count", "sum"):
+        breach = np.ones(len(frame), dtype=bool)
+    result.breaches = int(breach.sum())
+    if "t" in frame.columns and result.breaches:
+        first = frame.loc[breach, "t"].min()
+        result.first_breach_t = None if pd.isna(first) else float(first)
+    pick = frame.nlargest if threshold.higher_is_worse else frame.nsmallest
+    worst = pick(EVIDENCE_ROWS * 100, "value")
+    worst = worst[~_subject(worst).duplicated()].head(EVIDENCE_ROWS)
+    columns = [
+        c for c in ("request_id", "t", "tenant", "replica", "value", "detail") if c in worst.columns
+    ]
+    records = worst[columns].astype(object).where(worst[columns].notna(), None).to_dict("records")
+    result.evidence = [{k: v for k, v in row.items() if v is not None} for row in records]
+
+
+def _subject(rows: pd.DataFrame) -> pd.Series:
+    """Who a row is about (a request, else a tenant on a replica, else itself): evidence names
+    distinct culprits rather than five samples of the same one."""
+    key = pd.Series(rows.index.astype(str), index=rows.index)
+    if "tenant" in rows.columns:
+        tenant = (
+            rows["tenant"].astype(str)
+            + "@"
+            + rows.get("replica", pd.Series("", index=rows.index)).astype(str)
+        )
+        key = key.where(rows["tenant"].isna(), tenant)
+    if "request_id" in rows.columns:
+        key = key.where(rows["request_id"].isna(), rows["request_id"].astype(str))
+    return key
+
+
+def evaluate_run(
+    run_dir: Path, gates_file: Path | None = None, run: RunData | None = None
+) -> Verdict:
+    """Load, judge and write verdict.json and junit.xml into `run_dir`; returns the verdict."""
+    gate_file = load_gate_file(gates_file)
+    data = run if run is not None else load_run(run_dir)
+    verdict = evaluate(data, gate_file, str(gates_file) if gates_file else "builtin")
+    write_verdict(verdict, Path(run_dir))
+    return verdict
+
+
+def write_verdict(verdict: Verdict, run_dir: Path) -> None:
+    (run_dir / schema.VERDICT_FILE).write_text(json.dumps(verdict.to_dict(), indent=2) + "\n")
+    write_junit(verdict, run_dir / schema.JUNIT_FILE)

@@ -1,0 +1,8 @@
+"""The metric registry with every built-in metric registered (import this, not the parts)."""
+
+from __future__ import annotations
+
+from gates import metrics_requests, metrics_server
+from gates.registry import REGISTRY, MetricDef, Observations
+
+__all__ = ["REGISTRY", "MetricDef", "Observations", "metrics_requests", "metrics_server"]

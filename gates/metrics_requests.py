@@ -1,0 +1,189 @@
+"""Metrics over the client's per-request records (joined with server events where needed).
+
+Latencies come from the raw per-request rows, never from Locust's rounded statistics.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from gates.registry import Observations, metric
+from gates.rundir import RunData
+from gates.spec import GateFilter
+from gates.windows import (
+    counter_increase,
+    in_intervals,
+    isin,
+    label_value,
+    resolve_window,
+    select,
+)
+
+REQUEST_FILTERS = ("traffic_class", "priority", "tenant", "window")
+RELEASE_HISTOGRAM = "kvgate_release_latency_seconds_bucket"
+EXPLICIT_STATUSES = (429, 503)
+
+
+def _describe(flt: GateFilter) -> str:
+    parts = [", ".join(v) for v in (flt.traffic_class, flt.priority, flt.tenant) if v]
+    return " ".join(parts) or "any"
+
+
+def _evidence(rows: pd.DataFrame, value: pd.Series, time_column: str) -> pd.DataFrame:
+    detail = rows["traffic_class"].astype(str) + "/" + rows["priority"].astype(str)
+    return pd.DataFrame(
+        {
+            "value": value.to_numpy(dtype=float),
+            "request_id": rows["request_id"].to_numpy(),
+            "t": rows[time_column].to_numpy(dtype=float),
+            "tenant": rows["tenant"].to_numpy(),
+            "replica": rows["replica"].to_numpy(),
+            "detail": detail.to_numpy(),
+        }
+    )
+
+
+def _latency(run: RunData, flt: GateFilter, column: str, what: str) -> Observations:
+    rows = select(run.requests, run, flt, "t_send")
+    if isinstance(rows, str):
+        return Observations.none(rows)
+    rows = rows[rows[column].notna()]
+    if rows.empty:
+        return Observations.none(f"no {_describe(flt)} request has a {what} in this run")
+    return Observations(frame=_evidence(rows, rows[column], "t_send"), n_samples=len(rows))
+
+
+@metric("ttft", filters=REQUEST_FILTERS, unit="s")
+def ttft(run: RunData, flt: GateFilter, params: Mapping[str, Any]) -> Observations:
+    """Time to first content chunk (seconds) of each request that got one."""
+    return _latency(run, flt, "ttft_s", "first token")
+
+
+@metric("e2e", filters=REQUEST_FILTERS, unit="s")
+def e2e(run: RunData, flt: GateFilter, params: Mapping[str, Any]) -> Observations:
+    """End-to-end latency (seconds), send to end of stream, of each request that finished."""
+    return _latency(run, flt, "e2e_s", "end-to-end latency")
+
+
+@metric("outcome_rate", filters=REQUEST_FILTERS, unit="fraction", params={"outcome": "timeout"})
+def outcome_rate(run: RunData, flt: GateFilter, params: Mapping[str, Any]) -> Observations:
+    """1 for each request that ended with the given outcome, 0 otherwise (use `rate`)."""
+    rows = select(run.requests, run, flt, "t_send")
+    if isinstance(rows, str):
+        return Observations.none(rows)
+    if rows.empty:
+        return Observations.none(f"no {_describe(flt)} request was sent")
+    hit = rows["outcome"].eq(str(params["outcome"])).astype(float)
+    return Observations(frame=_evidence(rows, hit, "t_send"), n_samples=len(rows))
+
+
+@metric("cancel_release_latency", filters=REQUEST_FILTERS, unit="s", params={"skew_s": 0.5})
+def cancel_release_latency(
+    run: RunData, flt: GateFilter, params: Mapping[str, Any]
+) -> Observations:
+    """Seconds from a client's cancel to the server's `released` event for that request."""
+    events = run.server_events
+    if not events["event"].eq("admitted").any():
+        return _release_from_histogram(run, flt)
+    rows = select(run.requests[run.requests["cancel_at"].notna()], run, flt, "cancel_at")
+    if isinstance(rows, str):
+        return Observations.none(rows)
+    admitted = events.loc[events["event"].eq("admitted"), "request_id"].unique()
+    rows = rows[isin(rows["request_id"], admitted)]
+    if rows.empty:
+        return Observations.none(
+            f"no cancelled {_describe(flt)} request held a reservation, so release after cancel "
+            "cannot be measured; the plan needs cancellations"
+        )
+    released = events.loc[events["event"].eq("released"), ["request_id", "t"]]
+    joined = rows[["request_id", "cancel_at"]].merge(released, on="request_id", how="left")
+    late = joined[joined["t"] >= joined["cancel_at"] - float(params["skew_s"])]
+    first_after = late.groupby("request_id", sort=False)["t"].min()
+    any_release = joined.dropna(subset=["t"]).groupby("request_id", sort=False)["t"].size()
+    ids = rows["request_id"]
+    t_release = ids.map(first_after)
+    latency = (t_release - rows["cancel_at"]).clip(lower=0.0)
+    released_before = t_release.isna() & ids.map(any_release).notna()
+    never = t_release.isna() & ~released_before
+    latency = latency.mask(released_before, 0.0).mask(never, run.t_end - rows["cancel_at"])
+    frame = _evidence(rows, latency, "cancel_at")
+    frame.loc[never.to_numpy(), "detail"] = "never released (latency is a lower bound)"
+    notes = [f"{int(never.sum())} cancelled requests were never released"] if never.any() else []
+    return Observations(frame=frame, n_samples=len(rows), notes=notes)
+
+
+def _release_from_histogram(run: RunData, flt: GateFilter) -> Observations:
+    """Fallback without server events: the release histogram, counts at bucket upper bounds."""
+    samples = run.samples[run.samples["metric"].eq(RELEASE_HISTOGRAM)]
+    if flt.window != "all":
+        intervals = resolve_window(run, flt.window)
+        if isinstance(intervals, str):
+            return Observations.none(intervals)
+        samples = samples[in_intervals(samples["t"], intervals)]
+    increase = counter_increase(samples)
+    if increase.empty:
+        return Observations.none("no server events and no kvgate_release_latency_seconds samples")
+    increase["le"] = pd.to_numeric(label_value(increase["labels"], "le").replace("+Inf", "inf"))
+    cumulative = increase.groupby("le")["increase"].sum().sort_index()
+    counts = cumulative.diff().fillna(cumulative).clip(lower=0).round().astype(int)
+    if counts.sum() == 0:
+        return Observations.none("the release histogram recorded no cancellation in the window")
+    bounds = counts.index.to_numpy(dtype=float)
+    finite = bounds[np.isfinite(bounds)]
+    bounds = np.where(np.isfinite(bounds), bounds, finite.max() * 2 if finite.size else 60.0)
+    values = np.repeat(bounds, counts.to_numpy())
+    frame = pd.DataFrame({"value": values, "detail": "histogram bucket upper bound"})
+    note = (
+        "from the kvgate_release_latency_seconds histogram "
+        "(upper bounds; class/priority/tenant filters not applied)"
+    )
+    return Observations(frame=frame, n_samples=len(values), notes=[note])
+
+
+@metric("preempted_completion", filters=("priority", "tenant", "window"), unit="fraction")
+def preempted_completion(run: RunData, flt: GateFilter, params: Mapping[str, Any]) -> Observations:
+    """1 per preempted request that still finished ok, else 0 (client cancels excluded)."""
+    events = select(run.server_events, run, flt, "t", class_column=None)
+    if isinstance(events, str):
+        return Observations.none(events)
+    preempted = events.loc[events["event"].eq("preempted"), "request_id"].dropna().unique()
+    if len(preempted) == 0:
+        return Observations.none("no request was preempted, so their fate cannot be judged")
+    rows = run.requests[isin(run.requests["request_id"], preempted)]
+    rows = rows[rows["cancel_at"].isna()]
+    if rows.empty:
+        return Observations.none(
+            "the preempted requests have no client record (or the client cancelled them)"
+        )
+    completed = rows["outcome"].eq("ok").astype(float)
+    frame = _evidence(rows, completed, "t_send")
+    frame["detail"] = frame["detail"] + " ended " + rows["outcome"].astype(str).to_numpy()
+    notes = []
+    unknown = len(preempted) - int(isin(run.requests["request_id"], preempted).sum())
+    if unknown > 0:
+        notes.append(f"{unknown} preempted request ids have no client record")
+    return Observations(frame=frame, n_samples=len(rows), notes=notes)
+
+
+@metric("explicit_refusal", filters=REQUEST_FILTERS, unit="fraction")
+def explicit_refusal(run: RunData, flt: GateFilter, params: Mapping[str, Any]) -> Observations:
+    """Of requests refused or timed out: 1 when refused with 429/503 and Retry-After, else 0."""
+    rows = select(run.requests, run, flt, "t_send")
+    if isinstance(rows, str):
+        return Observations.none(rows)
+    status = rows["http_status"]
+    refused = rows[rows["outcome"].eq("timeout") | status.isin(EXPLICIT_STATUSES)]
+    if refused.empty:
+        return Observations.none(
+            f"no {_describe(flt)} request was refused or timed out; no pressure to judge"
+        )
+    explicit = refused["http_status"].isin(EXPLICIT_STATUSES) & refused["retry_after_s"].notna()
+    frame = _evidence(refused, explicit.astype(float), "t_send")
+    frame["detail"] = (
+        refused["outcome"].astype(str) + " status=" + refused["http_status"].astype(str)
+    ).to_numpy()
+    return Observations(frame=frame, n_samples=len(refused))

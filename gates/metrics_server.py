@@ -1,0 +1,324 @@
+"""Metrics over server events, samples and faults: OOM, tenant share, memory, failover, batch.
+
+Violation-style metrics return one row per violation (judge them with `count == 0`) and
+count what they examined in `n_samples`, so an empty table is "no data", not "no breach".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from gates.registry import Observations, metric
+from gates.rundir import RunData
+from gates.spec import GateFilter
+from gates.windows import (
+    counter_increase,
+    in_intervals,
+    isin,
+    label_value,
+    phases,
+    resolve_window,
+    select,
+)
+
+OOM_REASON = r"(?i)\boom\b|out of memory"
+LIFECYCLE = ("replica_started", "replica_died", "oom")
+KILL_KINDS = ("kill", "kill_during_storm")
+MEMORY_FAMILIES = (
+    ("GPU memory (NVML)", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_TOTAL"),
+    (
+        "GPU memory (simulated)",
+        "kvgate_sim_gpu_memory_used_bytes",
+        "kvgate_sim_gpu_memory_total_bytes",
+    ),
+    ("KV pool blocks", "kvgate_pool_used_blocks", "kvgate_pool_blocks_total"),
+)
+
+
+def _rows(value: Any, t: Any, replica: Any, detail: Any, **extra: Any) -> pd.DataFrame:
+    return pd.DataFrame({"value": value, "t": t, "replica": replica, "detail": detail, **extra})
+
+
+@metric("oom_events", filters=("window",), unit="count")
+def oom_events(run: RunData, flt: GateFilter, params: Mapping[str, Any]) -> Observations:
+    """OOM signals: `oom` events, replica deaths blamed on OOM, increases of kvgate_oom_total."""
+    events = select(run.server_events, run, flt, "t", class_column=None)
+    if isinstance(events, str):
+        return Observations.none(events)
+    samples = run.samples[run.samples["metric"].eq("kvgate_oom_total")]
+    samples = select(samples, run, GateFilter(window=flt.window), "t", class_column=None)
+    assert not isinstance(samples, str)  # the same window resolved above
+    if events.empty and samples.empty:
+        return Observations.none("no server events and no kvgate_oom_total samples in the window")
+    died = events["event"].eq("replica_died") & events["reason"].astype("string").str.contains(
+        OOM_REASON, regex=True, na=False
+    )
+    hits = events[events["event"].eq("oom") | died]
+    parts = [
+        _rows(
+            1.0,
+            hits["t"],
+            hits["replica"],
+            hits["event"] + ": " + hits["reason"].fillna("").astype(str),
+        )
+    ]
+    increases = counter_increase(samples)
+    increases = increases[increases["increase"] > 0]
+    if not increases.empty:
+        detail = "kvgate_oom_total rose by " + increases["increase"].map("{:g}".format)
+        parts.append(
+            _rows(increases["increase"], increases["t_first"], increases["target"], detail)
+        )
+    frame = pd.concat(parts, ignore_index=True)
+    return Observations(frame=frame, n_samples=len(events) + len(samples))
+
+
+@metric("tenant_pool_share", filters=("tenant", "window"), unit="fraction")
+def tenant_pool_share(run: RunData, flt: GateFilter, params: Mapping[str, Any]) -> Observations:
+    """Each tenant's share of a replica's KV pool over time (samples, else rebuilt from events)."""
+    samples = run.samples[run.samples["metric"].eq("kvgate_tenant_pool_share")]
+    if not samples.empty:
+        frame = _rows(
+            samples["value"].to_numpy(dtype=float),
+            samples["t"].to_numpy(dtype=float),
+            samples["target"].to_numpy(),
+            "kvgate_tenant_pool_share",
+            tenant=label_value(samples["labels"], "tenant").to_numpy(),
+        )
+        notes = []
+    else:
+        frame = _share_from_events(run.server_events)
+        notes = ["rebuilt from server events (blocks held per request)"]
+    if frame.empty:
+        return Observations.none(
+            "no kvgate_tenant_pool_share samples and no server events with blocks"
+        )
+    chosen = select(frame, run, flt, "t", class_column=None)
+    if isinstance(chosen, str):
+        return Observations.none(chosen)
+    if chosen.empty:
+        return Observations.none("no tenant share observation matches the filter")
+    return Observations(frame=chosen.reset_index(drop=True), n_samples=len(chosen), notes=notes)
+
+
+def _share_from_events(events: pd.DataFrame) -> pd.DataFrame:
+    """Blocks held per tenant after every event, divided by the replica's pool size."""
+    ev = events[events["request_id"].notna() & events["pool_total_blocks"].gt(0)]
+    if ev.empty:
+        return pd.DataFrame()
+    ev = ev.sort_values(["replica", "t", "seq"], kind="stable")
+    held = ev["blocks"].where(~ev["event"].eq("released"), 0.0).fillna(0.0)
+    previous = held.groupby([ev["replica"], ev["request_id"]], sort=False).shift(fill_value=0.0)
+    delta = held - previous
+    tenant_blocks = delta.groupby([ev["replica"], ev["tenant"]], sort=False).cumsum()
+    share = tenant_blocks / ev["pool_total_blocks"]
+    detail = "rebuilt from events: " + tenant_blocks.round().astype(int).astype(str) + " blocks"
+    return _rows(
+        share, ev["t"], ev["replica"], detail, tenant=ev["tenant"], request_id=ev["request_id"]
+    )
+
+
+def _level_windows(run: RunData) -> tuple[tuple[float, float], tuple[float, float]] | str:
+    windows = run.meta.get("windows") or {}
+    stress = windows.get("stress")
+    idle = windows.get("idle_before") or ([run.t_start, stress[0]] if stress else None)
+    after = windows.get("after_load") or ([stress[1], run.t_end] if stress else None)
+    if not idle or not after:
+        return "meta.windows has neither idle_before/after_load nor a stress window to derive them"
+    mid = (float(after[0]) + float(after[1])) / 2  # judge the settled second half of the window
+    return (float(idle[0]), float(idle[1])), (mid, float(after[1]))
+
+
+@metric("memory_return", filters=(), unit="fraction")
+def memory_return(run: RunData, flt: GateFilter, params: Mapping[str, Any]) -> Observations:
+    """Memory still above its idle level after load, as a fraction of capacity, per target."""
+    spans = _level_windows(run)
+    if isinstance(spans, str):
+        return Observations.none(spans)
+    idle, after = spans
+    parts = []
+    for family, used_name, total_name in MEMORY_FAMILIES:
+        used = run.samples[run.samples["metric"].eq(used_name)]
+        if used.empty:
+            continue
+        per_t = used.groupby(["target", "t"], sort=False)["value"].sum().reset_index()
+        idle_level = per_t[in_intervals(per_t["t"], [idle])].groupby("target")["value"].median()
+        after_level = per_t[in_intervals(per_t["t"], [after])].groupby("target")["value"].median()
+        totals = run.samples[run.samples["metric"].eq(total_name)].groupby("target")["value"].max()
+        capacity = totals.reindex(after_level.index).fillna(per_t.groupby("target")["value"].max())
+        excess = ((after_level - idle_level) / capacity.replace(0, np.nan)).dropna()
+        if excess.empty:
+            continue
+        detail = [
+            f"{family}: idle {idle_level[t]:.4g}, after load {after_level[t]:.4g} "
+            f"(capacity {capacity[t]:.4g})"
+            for t in excess.index
+        ]
+        parts.append(_rows(excess.to_numpy(), after[0], excess.index.to_numpy(), detail))
+    if not parts:
+        return Observations.none("no memory samples both in the idle window and after load")
+    frame = pd.concat(parts, ignore_index=True)
+    return Observations(frame=frame, n_samples=len(frame))
+
+
+@metric("failover_integrity", filters=("window",), unit="count", params={"grace_s": 2.0})
+def failover_integrity(run: RunData, flt: GateFilter, params: Mapping[str, Any]) -> Observations:
+    """Violations after replica kills: a request held on two replicas; ledger drift not 0."""
+    kills = run.faults[run.faults["kind"].isin(KILL_KINDS) & run.faults["t_start"].notna()]
+    if kills.empty:
+        return Observations.none("no replica was killed in this run (faults table has no kill)")
+    intervals = resolve_window(run, flt.window)
+    if isinstance(intervals, str):
+        return Observations.none(intervals)
+    events = run.server_events
+    drift = run.samples[run.samples["metric"].eq("kvgate_gateway_ledger_drift_tokens")]
+    if events.empty and drift.empty:
+        return Observations.none(
+            "no server events and no kvgate_gateway_ledger_drift_tokens samples"
+        )
+    parts = [
+        _double_holds(events, kills, run.t_end),
+        _drift_after(drift, kills, float(params["grace_s"])),
+    ]
+    parts = [p[in_intervals(p["t"], intervals)] for p in parts]
+    notes = (
+        []
+        if not drift.empty
+        else ["no ledger drift samples: only double reservations were checked"]
+    )
+    frame = pd.concat([p for p in parts if not p.empty] or [parts[0]], ignore_index=True)
+    return Observations(frame=frame, n_samples=len(kills), notes=notes)
+
+
+def _double_holds(all_events: pd.DataFrame, kills: pd.DataFrame, t_end: float) -> pd.DataFrame:
+    """Requests whose held intervals on two replicas overlap."""
+    held = all_events[
+        all_events["event"].isin(("admitted", "resumed")) & all_events["request_id"].notna()
+    ]
+    starts = (
+        held.groupby(["request_id", "replica"], sort=False)["t"].min().rename("start").reset_index()
+    )
+    per_request = starts.groupby("request_id")["replica"].transform("size")
+    starts = starts[per_request > 1]
+    if starts.empty:
+        return _rows([], [], [], [], request_id=[])
+    ids = starts["request_id"].unique()
+    released = all_events[all_events["event"].eq("released") & isin(all_events["request_id"], ids)]
+    ends = released.groupby(["request_id", "replica"])["t"].max().rename("released")
+    starts = starts.join(ends, on=["request_id", "replica"])
+    deaths = pd.concat(
+        [
+            all_events.loc[all_events["event"].eq("replica_died"), ["replica", "t"]],
+            kills.rename(columns={"target": "replica", "t_start": "t"})[["replica", "t"]],
+        ]
+    ).sort_values("t")
+    starts = pd.merge_asof(
+        starts.sort_values("start"),
+        deaths.rename(columns={"t": "died"}),
+        left_on="start",
+        right_on="died",
+        by="replica",
+        direction="forward",
+    )
+    end = starts["released"].where(starts["released"] >= starts["start"])
+    starts["end"] = end.fillna(starts["died"]).fillna(t_end)
+    starts = starts.sort_values(["request_id", "start"])
+    prior_end = starts.groupby("request_id")["end"].cummax().groupby(starts["request_id"]).shift()
+    prior_replica = starts.groupby("request_id")["replica"].shift()
+    bad = starts[starts["start"] < prior_end]
+    if bad.empty:
+        return _rows([], [], [], [], request_id=[])
+    detail = (
+        "held on "
+        + prior_replica[bad.index].astype(str)
+        + " until "
+        + prior_end[bad.index].map("{:.3f}".format)
+        + " while admitted on "
+        + bad["replica"].astype(str)
+    )
+    return _rows(1.0, bad["start"], bad["replica"], detail, request_id=bad["request_id"])
+
+
+def _drift_after(drift: pd.DataFrame, kills: pd.DataFrame, grace_s: float) -> pd.DataFrame:
+    """Per kill and gateway: a violation when drift is still non-zero after `grace_s`.
+
+    Drift is transiently non-zero in normal operation (ledger and replicas update at
+    slightly different moments), so one sample proves nothing: the kill is a violation
+    when every sample of the settling window [kill + grace, + max(3 scrapes, grace)] is
+    non-zero, i.e. the ledger did not come back to the sum of live reservations.
+    """
+    rows = []
+    for target, series in drift.sort_values("t").groupby("target"):
+        t = series["t"].to_numpy(dtype=float)
+        value = series["value"].to_numpy(dtype=float)
+        scrape = float(np.median(np.diff(t))) if len(t) > 1 else 0.0
+        for t_kill, fault in zip(kills["t_start"], kills["fault_id"], strict=True):
+            lo = float(t_kill) + grace_s
+            hi = lo + max(3 * scrape, grace_s)
+            window = (t >= lo) & (t <= hi)
+            if not window.any():  # no scrape in the window: judge by the next one
+                window = t == t[t >= lo][0] if (t >= lo).any() else window
+            if not window.any() or (value[window] == 0).any():
+                continue
+            worst = float(np.abs(value[window]).max())
+            detail = (
+                f"ledger drift non-zero (up to {worst:g} tokens) in all {int(window.sum())} "
+                "samples "
+                f"{grace_s:g}-{hi - t_kill:.1f}s after fault {fault}"
+            )
+            rows.append((worst, float(t[window][0]), target, detail))
+    return _rows(*zip(*rows, strict=True)) if rows else _rows([], [], [], [])
+
+
+@metric("batch_peak_trough", filters=("tenant",), unit="count", params={"peak_ratio_max": 0.2})
+def batch_peak_trough(run: RunData, flt: GateFilter, params: Mapping[str, Any]) -> Observations:
+    """Phases where batch admission misbehaved: admitting at peak, or starving in a trough."""
+    spans = phases(run)
+    peaks = [p for p in spans if p["name"] == "peak"]
+    troughs = [p for p in spans if p["name"] == "trough"]
+    if not peaks or not troughs:
+        return Observations.none(
+            "meta.phases has no peak and trough phases (the shape was not peak/trough)"
+        )
+    events = select(run.server_events, run, flt, "t", class_column=None)
+    requests = select(run.requests, run, flt, "t_send")
+    assert not isinstance(events, str) and not isinstance(requests, str)  # no window filter
+    admitted = events.loc[events["event"].eq("admitted") & events["priority"].eq("batch"), "t"]
+    sent = requests.loc[requests["priority"].eq("batch"), "t_send"]
+    if admitted.empty and sent.empty:
+        return Observations.none("no batch traffic was sent, so the offline queue cannot be judged")
+
+    def rate(span: Mapping[str, Any]) -> tuple[int, float]:
+        count = int(in_intervals(admitted, [(float(span["t0"]), float(span["t1"]))]).sum())
+        return count, count / max(float(span["t1"]) - float(span["t0"]), 1e-9)
+
+    trough_count = sum(rate(p)[0] for p in troughs)
+    trough_rate = trough_count / max(sum(float(p["t1"]) - float(p["t0"]) for p in troughs), 1e-9)
+    rows = []
+    limit = float(params["peak_ratio_max"])
+    for span in peaks:
+        count, peak_rate = rate(span)
+        if trough_rate > 0 and peak_rate > limit * trough_rate:
+            detail = (
+                f"peak admitted {peak_rate:.3g} batch/s vs {trough_rate:.3g}/s in troughs "
+                f"(limit {limit:g}×)"
+            )
+            rows.append((peak_rate / trough_rate, float(span["t0"]), None, detail))
+    for span in troughs:
+        count, _ = rate(span)
+        waiting = int(in_intervals(sent, [(-np.inf, float(span["t1"]))]).sum())
+        if count == 0 and waiting > 0:
+            rows.append(
+                (
+                    1.0,
+                    float(span["t0"]),
+                    None,
+                    "trough admitted no batch request: the offline queue starved",
+                )
+            )
+    frame = _rows(*zip(*rows, strict=True)) if rows else _rows([], [], [], [])
+    return Observations(frame=frame, n_samples=len(peaks) + len(troughs))

@@ -1,0 +1,228 @@
+"""The gate spec: YAML validated by pydantic, with k6-style one-line thresholds (`p(95) <= 0.9`).
+
+A gate names a metric from the registry (gates/metrics.py), a filter, a pass threshold and
+an optional, stricter warning threshold: a value that meets `pass` but not `warn` is
+MARGINAL. Errors name the YAML path (`gates[2] (id: ttft).pass`) and the allowed values.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from gates import schema
+
+BUILTIN_GATES = Path(__file__).with_name("builtin.yaml")
+
+STATISTICS = ("count", "rate", "max", "min", "mean", "sum", "p(N)")
+OPERATORS: dict[str, Callable[[float, float], bool]] = {
+    "<=": operator.le,
+    ">=": operator.ge,
+    "==": operator.eq,
+    "!=": operator.ne,
+    "<": operator.lt,
+    ">": operator.gt,
+}
+UNITS = {"": 1.0, "s": 1.0, "ms": 0.001, "%": 0.01}
+_THRESHOLD = re.compile(
+    r"^\s*(?P<stat>count|rate|max|min|mean|sum|p\(\s*(?P<q>\d+(?:\.\d+)?)\s*\))\s*"
+    r"(?P<op><=|>=|==|!=|<|>)\s*(?P<num>[-+]?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)\s*(?P<unit>ms|s|%)?\s*$"
+)
+FIXED_WINDOWS = ("all", "stress", "idle_before", "after_load", "after_fault", "during_fault")
+_WINDOW = re.compile(
+    r"^(all|stress|idle_before|after_load|after_fault|during_fault|phase:[\w.-]+)$"
+)
+
+
+class GateSpecError(Exception):
+    """A gate file that cannot be used; the message names the file and the YAML path."""
+
+
+class Threshold(BaseModel):
+    """`STAT OP NUMBER[unit]`; `ms` and `%` scale the number to seconds and fractions."""
+
+    model_config = ConfigDict(frozen=True)
+    statistic: str
+    quantile: float | None = None
+    op: str
+    value: float
+    text: str
+
+    @model_validator(mode="before")
+    @classmethod
+    def _parse(cls, data: Any) -> Any:
+        if not isinstance(data, str):
+            if isinstance(data, dict):
+                return data
+            raise ValueError(f"a threshold is a string like 'p(95) <= 0.9', found {data!r}")
+        match = _THRESHOLD.match(data)
+        if match is None:
+            raise ValueError(
+                f"threshold {data!r} is not 'STAT OP NUMBER[ms|s|%]'; STAT is one of "
+                f"{', '.join(STATISTICS)}, OP one of {', '.join(OPERATORS)}"
+            )
+        quantile = float(match["q"]) if match["q"] is not None else None
+        if quantile is not None and not 0 <= quantile <= 100:
+            raise ValueError(f"threshold {data!r}: the percentile must be within 0..100")
+        value = float(match["num"]) * UNITS[match["unit"] or ""]
+        stat = "p" if quantile is not None else match["stat"]
+        return {
+            "statistic": stat,
+            "quantile": quantile,
+            "op": match["op"],
+            "value": value,
+            "text": data.strip(),
+        }
+
+    @property
+    def label(self) -> str:
+        return f"p({self.quantile:g})" if self.statistic == "p" else self.statistic
+
+    def holds(self, observed: float) -> bool:
+        if math.isnan(observed):
+            return False
+        return OPERATORS[self.op](observed, self.value)
+
+    @property
+    def higher_is_worse(self) -> bool:
+        """Whether larger observations move toward a breach (for picking the worst evidence)."""
+        return self.op in ("<", "<=", "==")
+
+
+class GateFilter(BaseModel):
+    """Which records a gate looks at; `window` is a named time window of the run."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    traffic_class: list[Literal[schema.TRAFFIC_CLASSES]] | None = None  # type: ignore[valid-type]
+    priority: list[Literal[schema.PRIORITIES]] | None = None  # type: ignore[valid-type]
+    tenant: list[str] | None = None
+    window: str = "all"
+
+    @field_validator("window")
+    @classmethod
+    def _window(cls, value: str) -> str:
+        if not _WINDOW.match(value):
+            raise ValueError(
+                f"window {value!r} is not one of {', '.join(FIXED_WINDOWS)} or 'phase:NAME'"
+            )
+        return value
+
+    def used_fields(self) -> set[str]:
+        used = {name for name in ("traffic_class", "priority", "tenant") if getattr(self, name)}
+        if self.window != "all":
+            used.add("window")
+        return used
+
+
+class GateSpec(BaseModel):
+    """One release gate."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
+    id: str = Field(pattern=r"^[a-z][a-z0-9_]*$")
+    title: str
+    metric: str
+    filter: GateFilter = GateFilter()
+    pass_: Threshold = Field(alias="pass")
+    warn: Threshold | None = None
+    weight: float = Field(default=1.0, gt=0)
+    key: bool = False
+    on_missing: Literal["invalid", "fail", "pass"] = "invalid"
+    params: dict[str, float | int | str | bool] = Field(default_factory=dict)
+    description: str = ""
+
+    @model_validator(mode="after")
+    def _consistent(self) -> GateSpec:
+        from gates.metrics import REGISTRY  # the registry imports this module
+
+        definition = REGISTRY.get(self.metric)
+        if definition is None:
+            raise ValueError(
+                f"metric {self.metric!r} is unknown; known metrics: {', '.join(sorted(REGISTRY))}"
+            )
+        unsupported = self.filter.used_fields() - definition.filters
+        if unsupported:
+            raise ValueError(
+                f"metric {self.metric!r} cannot filter by {', '.join(sorted(unsupported))}; "
+                f"it supports: {', '.join(sorted(definition.filters)) or 'no filters'}"
+            )
+        unknown = set(self.params) - set(definition.params)
+        if unknown:
+            raise ValueError(
+                f"metric {self.metric!r} has no parameter {', '.join(sorted(unknown))}; "
+                f"its parameters: {', '.join(sorted(definition.params)) or 'none'}"
+            )
+        if self.warn is not None and self.warn.label != self.pass_.label:
+            raise ValueError(
+                f"warn uses {self.warn.label} but pass uses {self.pass_.label}; "
+                "use the same statistic"
+            )
+        return self
+
+
+class GateFile(BaseModel):
+    """A file of gates; a run whose weighted score falls below `fail_score_below` fails."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    version: Literal[1] = 1
+    fail_score_below: float = Field(default=0.75, ge=0, le=1)
+    gates: list[GateSpec] = Field(min_length=1)
+
+    @field_validator("gates")
+    @classmethod
+    def _unique(cls, gates: list[GateSpec]) -> list[GateSpec]:
+        seen: set[str] = set()
+        for gate in gates:
+            if gate.id in seen:
+                raise ValueError(f"gate id {gate.id!r} appears twice; ids must be unique")
+            seen.add(gate.id)
+        return gates
+
+
+def load_gate_file(path: Path | None = None) -> GateFile:
+    """Parse and validate a gate file (the built-in gates when `path` is None)."""
+    source = path or BUILTIN_GATES
+    try:
+        text = source.read_text()
+    except OSError as exc:
+        raise GateSpecError(f"gate file {source} cannot be read: {exc.strerror or exc}") from exc
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise GateSpecError(f"gate file {source} is not valid YAML: {exc}") from exc
+    if not isinstance(data, dict):
+        raise GateSpecError(f"gate file {source} must be a mapping with a 'gates:' list")
+    try:
+        return GateFile.model_validate(data)
+    except ValidationError as exc:
+        problems = [f"  {_yaml_path(err['loc'], data)}: {_message(err)}" for err in exc.errors()]
+        raise GateSpecError(f"gate file {source} is invalid:\n" + "\n".join(problems)) from exc
+
+
+def _yaml_path(loc: tuple[int | str, ...], data: dict[str, Any]) -> str:
+    """`('gates', 2, 'pass')` -> `gates[2] (id: ttft).pass`."""
+    parts: list[str] = []
+    node: Any = data
+    for item in loc:
+        if isinstance(item, int):
+            parts[-1] += f"[{item}]"
+            node = node[item] if isinstance(node, list) and item < len(node) else None
+            if isinstance(node, dict) and "id" in node:
+                parts[-1] += f" (id: {node['id']})"
+        elif item in ("function-after", "function-before") or str(item).startswith("literal["):
+            continue
+        else:
+            parts.append(str(item))
+            node = node.get(item) if isinstance(node, dict) else None
+    return ".".join(parts) or "(top level)"
+
+
+def _message(err: Any) -> str:
+    message = str(err["msg"])
+    return message.removeprefix("Value error, ")

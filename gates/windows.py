@@ -1,0 +1,117 @@
+"""Time windows and record filters shared by the metrics.
+
+Windows come from meta.json (`windows`, `phases`) and the faults table; a window the run
+did not record is reported as missing data, not widened to the whole run.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from gates.rundir import RunData
+from gates.spec import GateFilter
+
+Intervals = list[tuple[float, float]]
+
+
+def resolve_window(run: RunData, window: str) -> Intervals | str:
+    """The intervals of a named window, or a sentence saying why the run has none."""
+    t1 = run.t_end
+    if window == "all":
+        return [(-np.inf, np.inf)]
+    if window in ("stress", "idle_before", "after_load"):
+        windows = run.meta.get("windows") or {}
+        span = windows.get(window) if isinstance(windows, dict) else None
+        if not span or len(span) != 2 or span[0] is None or span[1] is None:
+            return f"meta.windows.{window} is absent, so nothing can be judged in that window"
+        return [(float(span[0]), float(span[1]))]
+    if window.startswith("phase:"):
+        name = window.split(":", 1)[1]
+        spans = [(float(p["t0"]), float(p["t1"])) for p in phases(run) if p.get("name") == name]
+        return spans or f"meta.phases has no phase named {name!r}"
+    faults = run.faults.dropna(subset=["t_start"]).sort_values("t_start")
+    if faults.empty:
+        return "the run injected no fault (faults table empty)"
+    if window == "after_fault":
+        return [(float(faults["t_start"].iloc[0]), max(t1, float(faults["t_start"].max())))]
+    ends = faults["t_end"].fillna(t1)
+    spans = [(float(a), float(b)) for a, b in zip(faults["t_start"], ends, strict=True) if b >= a]
+    return spans or "no fault has an end at or after its start"
+
+
+def phases(run: RunData) -> list[dict[str, float | str]]:
+    raw = run.meta.get("phases") or []
+    return [p for p in raw if isinstance(p, dict) and {"name", "t0", "t1"} <= set(p)]
+
+
+def in_intervals(times: pd.Series, intervals: Intervals) -> np.ndarray:
+    """Boolean mask of `times` falling in any closed interval."""
+    values = times.to_numpy(dtype=float, na_value=np.nan)
+    mask = np.zeros(len(values), dtype=bool)
+    for lo, hi in intervals:
+        mask |= (values >= lo) & (values <= hi)
+    return mask
+
+
+def select(
+    frame: pd.DataFrame,
+    run: RunData,
+    flt: GateFilter,
+    time_column: str,
+    *,
+    class_column: str | None = "traffic_class",
+) -> pd.DataFrame | str:
+    """Rows of `frame` matching the filter (class, priority, tenant, window)."""
+    mask = np.ones(len(frame), dtype=bool)
+    if flt.traffic_class and class_column:
+        mask &= frame[class_column].isin(flt.traffic_class).to_numpy()
+    if flt.priority:
+        mask &= frame["priority"].isin(flt.priority).to_numpy()
+    if flt.tenant:
+        mask &= frame["tenant"].isin(flt.tenant).to_numpy()
+    if flt.window != "all":
+        intervals = resolve_window(run, flt.window)
+        if isinstance(intervals, str):
+            return intervals
+        mask &= in_intervals(frame[time_column], intervals)
+    return frame[mask] if not mask.all() else frame
+
+
+def label_value(labels: pd.Series, key: str) -> pd.Series:
+    """The value of `key` in canonical "k=v,k=v" label strings ("" when absent)."""
+    extracted = labels.astype("string").str.extract(rf"(?:^|,){key}=([^,]*)", expand=False)
+    return extracted.fillna("").astype(object)
+
+
+def counter_increase(samples: pd.DataFrame) -> pd.DataFrame:
+    """Per (target, labels) series of a counter: its increase over the rows, counting resets.
+
+    Returns columns target, labels, increase, t_first (first time it rose).
+    """
+    if samples.empty:
+        return pd.DataFrame(columns=["target", "labels", "increase", "t_first"])
+    ordered = samples.sort_values(["target", "labels", "t"], kind="stable")
+    keys = ordered["target"].astype(str) + "|" + ordered["labels"].astype(str)
+    diff = ordered["value"].diff()
+    first = keys.ne(keys.shift())
+    step = np.where(diff.to_numpy() < 0, ordered["value"].to_numpy(), diff.to_numpy())
+    step = np.where(first.to_numpy(), 0.0, step)
+    ordered = ordered.assign(step=step)
+    rose = ordered[ordered["step"] > 0]
+    total = ordered.groupby(["target", "labels"], sort=False)["step"].sum().rename("increase")
+    t_first = rose.groupby(["target", "labels"], sort=False)["t"].min().rename("t_first")
+    return pd.concat([total, t_first], axis=1).reset_index()
+
+
+def isin(series: pd.Series, values: object) -> np.ndarray:
+    """Membership of string ids in a large set, via Arrow (pandas loops in Python for this)."""
+    try:
+        left = pa.array(series, from_pandas=True).cast(pa.large_string())
+        right = pa.array(np.asarray(values, dtype=object), from_pandas=True).cast(pa.large_string())
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+        return np.asarray(series.isin(list(np.asarray(values, dtype=object))), dtype=bool)
+    found = pc.is_in(left, value_set=right, skip_nulls=True)
+    return np.asarray(found.to_numpy(zero_copy_only=False), dtype=bool)

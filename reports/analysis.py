@@ -1,0 +1,253 @@
+"""Aggregations over a run shared by the HTML report and the rollback comparison.
+
+Everything here reduces a table of any size to a small frame (time buckets, quantiles,
+counts), so what reaches a chart or a JSON file stays small however long the run was.
+"""
+
+from __future__ import annotations
+
+from itertools import pairwise
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from gates.metrics import REGISTRY
+from gates.rundir import RunData
+from gates.spec import GateFilter
+from gates.windows import counter_increase, isin, label_value
+
+BUCKETS = 240
+DEFAULT_WATERMARKS = {
+    "admission_watermark": 0.82,
+    "batch_prefill_pause_watermark": 0.88,
+    "hard_watermark": 0.92,
+}
+# Pool usage (0..1) as the reference server, vLLM (old and new names) and SGLang expose it.
+POOL_USAGE_METRICS = (
+    "kvgate_pool_usage_ratio",
+    "vllm:gpu_cache_usage_perc",
+    "vllm:kv_cache_usage_perc",
+    "sglang:token_usage",
+)
+LENGTH_EDGES = (0, 512, 1024, 2048, 4096, 8192, 16384, 32768, np.inf)
+
+
+def scheduler_config(run: RunData) -> dict[str, Any]:
+    target = run.meta.get("target") or {}
+    config = target.get("config") if isinstance(target, dict) else None
+    return config if isinstance(config, dict) else {}
+
+
+def bucket_series(
+    frame: pd.DataFrame, key: str, t0: float, t1: float, how: str = "max"
+) -> pd.DataFrame:
+    """Downsample (t, value) rows per `key` into BUCKETS time buckets.
+
+    Returns columns key, x (seconds from t0, bucket middle), value (`how` per bucket).
+    """
+    if frame.empty:
+        return pd.DataFrame(columns=[key, "x", "value"])
+    width = max((t1 - t0) / BUCKETS, 1e-9)
+    bucket = np.clip(((frame["t"].to_numpy(dtype=float) - t0) // width), 0, BUCKETS - 1).astype(int)
+    grouped = frame.assign(bucket=bucket).groupby([key, "bucket"], sort=True)["value"].agg(how)
+    out = grouped.reset_index()
+    out["x"] = (out["bucket"] + 0.5) * width
+    return out[[key, "x", "value"]]
+
+
+def pool_usage(run: RunData) -> pd.DataFrame:
+    """Pool usage ratio per replica over time (samples, else server events), bucketed by max."""
+    samples = run.samples[run.samples["metric"].isin(POOL_USAGE_METRICS)]
+    if not samples.empty:  # one family only: the first the target exposes
+        first = next(m for m in POOL_USAGE_METRICS if samples["metric"].eq(m).any())
+        samples = samples[samples["metric"].eq(first)]
+    else:
+        ev = run.server_events[run.server_events["pool_total_blocks"].gt(0)]
+        samples = pd.DataFrame(
+            {
+                "t": ev["t"],
+                "target": ev["replica"],
+                "value": ev["pool_used_blocks"] / ev["pool_total_blocks"],
+            }
+        )
+    return bucket_series(samples[["t", "target", "value"]], "target", run.t_start, run.t_end)
+
+
+def gpu_memory(run: RunData) -> tuple[pd.DataFrame, float | None, str]:
+    """GPU memory used (GiB) per target over time: NVML if sampled, else the simulated GPU."""
+    for used_name, total_name, source in (
+        ("DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_TOTAL", "NVML"),
+        ("kvgate_sim_gpu_memory_used_bytes", "kvgate_sim_gpu_memory_total_bytes", "simulated GPU"),
+    ):
+        used = run.samples[run.samples["metric"].eq(used_name)]
+        if used.empty:
+            continue
+        scale = 1.0 / 1024 if source == "NVML" else 1.0 / 2**30  # NVML reports MiB
+        per_t = used.groupby(["target", "t"], sort=False)["value"].sum().reset_index()
+        per_t["value"] *= scale
+        total = run.samples.loc[run.samples["metric"].eq(total_name), "value"].max()
+        cap = float(total) * scale if pd.notna(total) else None
+        return bucket_series(per_t, "target", run.t_start, run.t_end), cap, source
+    return pd.DataFrame(columns=["target", "x", "value"]), None, ""
+
+
+def rejection_rug(run: RunData) -> list[tuple[float, float]]:
+    """(x, relative weight) of time buckets holding rejected requests."""
+    rejected = run.requests.loc[run.requests["outcome"].eq("rejected"), ["t_send"]]
+    if rejected.empty:
+        return []
+    frame = pd.DataFrame({"t": rejected["t_send"], "key": "r", "value": 1.0})
+    counts = bucket_series(frame, "key", run.t_start, run.t_end, how="sum")
+    peak = float(counts["value"].max())
+    return [(float(x), float(v) / peak) for x, v in zip(counts["x"], counts["value"], strict=True)]
+
+
+def markers(run: RunData) -> list[tuple[float, str]]:
+    """Faults and OOMs as (x seconds from start, label)."""
+    out = [
+        (float(f.t_start) - run.t_start, f"{f.kind} {f.target}")
+        for f in run.faults.dropna(subset=["t_start"]).itertuples()
+    ]
+    ooms = run.server_events[run.server_events["event"].eq("oom")]
+    out += [
+        (float(t) - run.t_start, f"OOM {r}")
+        for t, r in zip(ooms["t"], ooms["replica"], strict=True)
+    ][:20]
+    return out
+
+
+def ttft_quantiles(run: RunData) -> pd.DataFrame:
+    """p50/p95/p99 TTFT per (traffic class, priority), with counts."""
+    rows = run.requests[run.requests["ttft_s"].notna()]
+    if rows.empty:
+        return pd.DataFrame(columns=["group", "p50", "p95", "p99", "n"])
+    group = rows["traffic_class"].astype(str) + "/" + rows["priority"].astype(str)
+    grouped = rows["ttft_s"].groupby(group)
+    out = grouped.quantile([0.5, 0.95, 0.99]).unstack()
+    out.columns = ["p50", "p95", "p99"]
+    out["n"] = grouped.size()
+    return out.reset_index(names="group")
+
+
+def release_latencies(run: RunData, flt: GateFilter | None = None) -> pd.DataFrame:
+    """Cancel-to-release seconds per cancelled request (value, request_id, detail)."""
+    obs = REGISTRY["cancel_release_latency"].compute(run, flt or GateFilter(), {})
+    return obs.frame
+
+
+def tenant_shares(run: RunData) -> pd.DataFrame:
+    """Max and p95 pool share per tenant."""
+    obs = REGISTRY["tenant_pool_share"].compute(run, GateFilter(), {})
+    if obs.n_samples == 0:
+        return pd.DataFrame(columns=["tenant", "max", "p95"])
+    grouped = obs.frame.groupby("tenant")["value"]
+    return pd.DataFrame({"max": grouped.max(), "p95": grouped.quantile(0.95)}).reset_index()
+
+
+def preempted_fates(run: RunData) -> pd.Series:
+    """Outcome counts of the requests the server preempted at least once."""
+    ids = (
+        run.server_events.loc[run.server_events["event"].eq("preempted"), "request_id"]
+        .dropna()
+        .unique()
+    )
+    if len(ids) == 0:
+        return pd.Series(dtype=float)
+    rows = run.requests[isin(run.requests["request_id"], ids)]
+    fates = rows["outcome"].astype(str).value_counts()
+    unknown = len(ids) - len(rows)
+    if unknown:
+        fates["no client record"] = unknown
+    return fates
+
+
+def reservation_error(run: RunData) -> pd.DataFrame:
+    """Per admitted request: prompt tokens, tokens reserved at admission, peak tokens used, error.
+
+    error = used / reserved - 1: above 0 the server held more than it reserved (under-estimate).
+    """
+    ev = run.server_events
+    ev = ev[ev["request_id"].notna() & ev["used_tokens"].notna()]
+    admitted = ev[ev["event"].eq("admitted") & ev["reserved_tokens"].gt(0)]
+    if admitted.empty:
+        return pd.DataFrame(columns=["request_id", "prompt", "reserved", "used", "error"])
+    first = admitted.drop_duplicates("request_id")[["request_id", "used_tokens", "reserved_tokens"]]
+    peak = ev.groupby("request_id", sort=False)["used_tokens"].max()
+    out = first.rename(columns={"used_tokens": "prompt", "reserved_tokens": "reserved"})
+    # Request length from the client's record (the server's usage, else the workload's aim);
+    # at admission the server may not hold the prompt in KV yet.
+    req = run.requests.drop_duplicates("request_id").set_index("request_id")
+    length = req["prompt_tokens"].fillna(req["target_prompt_tokens"])
+    out["prompt"] = out["request_id"].map(length).fillna(out["prompt"]).to_numpy()
+    out["used"] = out["request_id"].map(peak).to_numpy()
+    out["error"] = out["used"] / out["reserved"] - 1.0
+    return out.reset_index(drop=True)
+
+
+def reservation_error_by_length(errors: pd.DataFrame) -> pd.DataFrame:
+    if errors.empty:
+        return pd.DataFrame(columns=["length", "median", "p95", "under_reserved", "n"])
+    labels = [
+        f"<{int(hi)}" if np.isfinite(hi) else f">={int(lo)}" for lo, hi in pairwise(LENGTH_EDGES)
+    ]
+    length = pd.cut(errors["prompt"], bins=list(LENGTH_EDGES), labels=labels, right=False)
+    grouped = errors["error"].groupby(length, observed=True)
+    out = pd.DataFrame(
+        {
+            "median": grouped.median(),
+            "p95": grouped.quantile(0.95),
+            "under_reserved": (errors["error"] > 0).groupby(length, observed=True).mean(),
+            "n": grouped.size(),
+        }
+    )
+    return out.reset_index(names="length")
+
+
+def evictions(run: RunData) -> pd.Series:
+    """Evictions per reason: increase of kvgate_evictions_total, else preemption reasons."""
+    samples = run.samples[run.samples["metric"].eq("kvgate_evictions_total")]
+    if not samples.empty:
+        inc = counter_increase(samples)
+        reason = label_value(inc["labels"], "reason").replace("", "unlabelled")
+        counts = inc.groupby(reason)["increase"].sum()
+        return counts[counts > 0]
+    pre = run.server_events[run.server_events["event"].eq("preempted")]
+    return pre["reason"].fillna("unknown").astype(str).value_counts()
+
+
+def quota_rejections(run: RunData) -> pd.DataFrame:
+    """Rejected requests per tenant (rows) and error code (columns)."""
+    rejected = run.requests[run.requests["outcome"].eq("rejected")]
+    if rejected.empty:
+        return pd.DataFrame()
+    codes = rejected["error_code"].fillna("unknown").astype(str)
+    return pd.crosstab(rejected["tenant"].astype(str), codes)
+
+
+def rejection_rates(run: RunData) -> pd.DataFrame:
+    """Share of requests rejected, per priority, overall and per reason (error code)."""
+    req = run.requests
+    if req.empty:
+        return pd.DataFrame(columns=["priority", "reason", "rate", "n"])
+    rejected = req["outcome"].eq("rejected")
+    totals = req.groupby("priority").size()
+    by_reason = (
+        req[rejected]
+        .groupby(["priority", req.loc[rejected, "error_code"].fillna("unknown")])
+        .size()
+    )
+    rows = [
+        {
+            "priority": p,
+            "reason": "all",
+            "rate": float(rejected[req["priority"].eq(p)].mean()),
+            "n": int(n),
+        }
+        for p, n in totals.items()
+    ]
+    rows += [
+        {"priority": p, "reason": str(r), "rate": float(c) / float(totals[p]), "n": int(totals[p])}
+        for (p, r), c in by_reason.items()
+    ]
+    return pd.DataFrame(rows)

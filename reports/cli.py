@@ -1,0 +1,57 @@
+"""`kvgate report RUN_DIR`: write report.html, summary.md, report.json (exit 0; 2: bad input)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from gates.rundir import RunDirError
+from gates.spec import GateSpecError
+from gates.verdict import EXIT_USAGE
+from reports.build import write_reports
+
+
+class UsageError(Exception):
+    pass
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse that raises instead of exiting, so main() can return the usage exit code."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UsageError(f"{self.prog}: {message}\n{self.format_usage().strip()}")
+
+
+def parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace | int:
+    """Parsed args, or the exit code when parsing ended the command (--help or bad usage)."""
+    try:
+        return parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    except UsageError as exc:
+        print(exc, file=sys.stderr)
+        return EXIT_USAGE
+    except SystemExit as exc:  # --help
+        return 0 if exc.code in (0, None) else EXIT_USAGE
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = Parser(
+        prog="kvgate report", description="Write the HTML, Markdown and JSON reports of a run."
+    )
+    parser.add_argument("run_dir", type=Path, help="the run directory `kvgate run` wrote")
+    args = parse(parser, argv)
+    if isinstance(args, int):
+        return args
+    try:
+        paths = write_reports(args.run_dir)
+    except (RunDirError, GateSpecError) as exc:
+        print(f"kvgate report: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    for path in paths.values():
+        print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

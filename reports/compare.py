@@ -1,0 +1,220 @@
+"""The rollback decision: a candidate run against a baseline run.
+
+Per gate both verdicts; per traffic class and priority a Mann-Whitney U test with the
+rank-biserial effect size (positive: the candidate is slower) on TTFT, end-to-end and
+cancel-to-release latency; rejection rates; reservation error. The decision is PROMOTE,
+HOLD (a human decides) or ROLLBACK to the baseline's scheduler config digest with a lower
+global admission watermark, and names the likely cause.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from enum import StrEnum
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from scipy.stats import mannwhitneyu
+
+from gates.rundir import RunData
+from gates.verdict import Verdict, _clean
+from reports import analysis
+
+MAX_SAMPLES = 20_000  # per side; a rank test on more adds nothing but time
+MIN_SAMPLES = 20
+ALPHA = 0.01
+SMALL_EFFECT, LARGE_EFFECT = 0.1, 0.3
+TIMING_METRICS = {"ttft", "e2e", "cancel_release_latency"}
+WATERMARK_STEP, WATERMARK_FLOOR = 0.05, 0.5
+
+
+class Decision(StrEnum):
+    PROMOTE = "PROMOTE"
+    HOLD = "HOLD"
+    ROLLBACK = "ROLLBACK"
+
+
+EXIT_CODES = {Decision.PROMOTE: 0, Decision.HOLD: 4, Decision.ROLLBACK: 3}
+CAUSES = {
+    "estimation_bias": "estimation bias (reservations do not match what requests use)",
+    "priority_rules": "priority rules (who gets rejected or served first)",
+    "release_defect": "a runtime release defect (blocks freed late or held after finish)",
+}
+
+
+@dataclass(slots=True)
+class LatencyTest:
+    metric: str
+    group: str
+    n_candidate: int
+    n_baseline: int
+    median_candidate: float
+    median_baseline: float
+    p_value: float
+    effect: float  # rank-biserial: P(candidate > baseline) - P(candidate < baseline)
+
+    @property
+    def regression(self) -> bool:
+        return self.p_value < ALPHA and self.effect >= SMALL_EFFECT
+
+    @property
+    def large_regression(self) -> bool:
+        return self.p_value < ALPHA and self.effect >= LARGE_EFFECT
+
+
+@dataclass(slots=True)
+class Comparison:
+    decision: Decision
+    reasons: list[str]
+    likely_cause: str | None
+    causes: dict[str, list[str]]
+    cause_scores: dict[str, int]
+    rollback_to: str | None
+    recommended_admission_watermark: float | None
+    watermark_reason: str
+    candidate: dict[str, Any]
+    baseline: dict[str, Any]
+    gates: list[dict[str, Any]]
+    latency: list[LatencyTest]
+    rejections: list[dict[str, Any]]
+    reservation: dict[str, dict[str, float | None]]
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_CODES[self.decision]
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["latency"] = [
+            {**asdict(t), "regression": t.regression, "large_regression": t.large_regression}
+            for t in self.latency
+        ]
+        data["exit_code"] = self.exit_code
+        return dict(_clean(data))
+
+
+def rank_test(candidate: np.ndarray, baseline: np.ndarray, seed: int = 0) -> tuple[float, float]:
+    """(p value, rank-biserial effect) of a two-sided Mann-Whitney U test, samples capped."""
+    rng = np.random.default_rng(seed)
+    if len(candidate) > MAX_SAMPLES:
+        candidate = rng.choice(candidate, MAX_SAMPLES, replace=False)
+    if len(baseline) > MAX_SAMPLES:
+        baseline = rng.choice(baseline, MAX_SAMPLES, replace=False)
+    result = mannwhitneyu(candidate, baseline, alternative="two-sided")
+    effect = 2.0 * float(result.statistic) / (len(candidate) * len(baseline)) - 1.0
+    return float(result.pvalue), effect
+
+
+def latency_tests(candidate: RunData, baseline: RunData) -> list[LatencyTest]:
+    tests = []
+    for metric, cand, base in (
+        ("ttft", _request_groups(candidate, "ttft_s"), _request_groups(baseline, "ttft_s")),
+        ("e2e", _request_groups(candidate, "e2e_s"), _request_groups(baseline, "e2e_s")),
+        ("cancel_release", _release_groups(candidate), _release_groups(baseline)),
+    ):
+        for group in sorted(set(cand) & set(base)):
+            a, b = cand[group], base[group]
+            if len(a) < MIN_SAMPLES or len(b) < MIN_SAMPLES:
+                continue
+            p_value, effect = rank_test(a, b)
+            tests.append(
+                LatencyTest(
+                    metric,
+                    group,
+                    len(a),
+                    len(b),
+                    float(np.median(a)),
+                    float(np.median(b)),
+                    p_value,
+                    effect,
+                )
+            )
+    return tests
+
+
+def _request_groups(run: RunData, column: str) -> dict[str, np.ndarray]:
+    rows = run.requests[run.requests[column].notna()]
+    group = rows["traffic_class"].astype(str) + "/" + rows["priority"].astype(str)
+    return {str(k): v.to_numpy(dtype=float) for k, v in rows[column].groupby(group)}
+
+
+def _release_groups(run: RunData) -> dict[str, np.ndarray]:
+    frame = analysis.release_latencies(run)
+    if frame.empty or "detail" not in frame.columns:
+        return {}
+    frame = frame[~frame["detail"].astype(str).str.startswith(("never", "histogram"))]
+    groups = {str(k): v.to_numpy(dtype=float) for k, v in frame["value"].groupby(frame["detail"])}
+    groups["all"] = analysis.release_latencies(run)["value"].to_numpy(dtype=float)
+    return groups
+
+
+def reservation_summary(run: RunData) -> dict[str, float | None]:
+    errors = analysis.reservation_error(run)
+    if errors.empty:
+        return {"n": 0, "median_error": None, "p95_error": None, "under_reserved": None}
+    e = errors["error"].to_numpy(dtype=float)
+    return {
+        "n": len(e),
+        "median_error": float(np.median(e)),
+        "p95_error": float(np.percentile(e, 95)),
+        "under_reserved": float(np.mean(e > 0)),
+    }
+
+
+def rejection_table(candidate: RunData, baseline: RunData) -> list[dict[str, Any]]:
+    cand = analysis.rejection_rates(candidate).set_index(["priority", "reason"])
+    base = analysis.rejection_rates(baseline).set_index(["priority", "reason"])
+    joined = pd.concat(
+        [cand["rate"].rename("rate_candidate"), base["rate"].rename("rate_baseline")], axis=1
+    ).fillna(0.0)
+    joined["change"] = joined["rate_candidate"] - joined["rate_baseline"]
+    return [
+        {"priority": str(p), "reason": str(r), **{k: float(v) for k, v in row.items()}}
+        for (p, r), row in joined.iterrows()
+    ]
+
+
+def gate_pairs(candidate: Verdict, baseline: Verdict) -> list[dict[str, Any]]:
+    base = {g.id: g for g in baseline.gates}
+    rows = []
+    for g in candidate.gates:
+        b = base.get(g.id)
+        rows.append(
+            {
+                "id": g.id,
+                "title": g.title,
+                "key": g.key,
+                "metric": g.metric,
+                "threshold": g.threshold,
+                "candidate": str(g.status),
+                "candidate_value": g.value,
+                "baseline": str(b.status) if b else None,
+                "baseline_value": b.value if b else None,
+            }
+        )
+    return rows
+
+
+def usage_at_first_oom(run: RunData) -> float | None:
+    """Pool usage ratio just before the first OOM, from server events, when the run OOMed."""
+    ev = run.server_events
+    ooms = ev[
+        ev["event"].eq("oom")
+        | (
+            ev["event"].eq("replica_died")
+            & ev["reason"].astype(str).str.contains("(?i)oom|out of memory")
+        )
+    ]
+    if ooms.empty:
+        return None
+    first = ooms.sort_values("t").iloc[0]
+    before = ev[
+        ev["replica"].eq(first["replica"]) & ev["t"].le(first["t"]) & ev["pool_total_blocks"].gt(0)
+    ]
+    before = before[~before["event"].isin(("oom", "replica_died"))]
+    if before.empty:
+        return None
+    usage = before["pool_used_blocks"] / before["pool_total_blocks"]
+    return float(usage.tail(50).max())

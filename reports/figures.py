@@ -1,0 +1,224 @@
+"""The report's charts, in the order a reader wants them, each built from reports/analysis.py.
+
+Each builder returns the chart (for the HTML) and its numbers (for report.json).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from itertools import pairwise
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from gates.rundir import RunData
+from reports import analysis
+from reports.charts import BarChart, Line, LineChart, Rule
+
+Figure = tuple[LineChart | BarChart, dict[str, Any]]
+RELEASE_EDGES = (0.0, 0.1, 0.25, 0.5, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, np.inf)
+RELEASE_LIMIT_S = 2.0
+TTFT_SLO_S = 0.9
+
+
+def _lines(frame: pd.DataFrame, key: str) -> list[Line]:
+    return [
+        Line(str(name), part["x"].tolist(), part["value"].tolist())
+        for name, part in frame.groupby(key)
+    ]
+
+
+def _fault_rules(run: RunData) -> list[Rule]:
+    return [
+        Rule(x, label, "#dc2626" if label.startswith("OOM") else "#7c3aed")
+        for x, label in analysis.markers(run)
+    ]
+
+
+def pool_usage(run: RunData) -> Figure:
+    frame = analysis.pool_usage(run)
+    config = analysis.scheduler_config(run)
+    rules = []
+    for name, default in analysis.DEFAULT_WATERMARKS.items():
+        value = config.get(name, default)
+        suffix = "" if name in config else " (default)"
+        rules.append(Rule(float(value), f"{name.replace('_', ' ')} {value:g}{suffix}", "#ca8a04"))
+    chart = LineChart(
+        id="pool_usage",
+        title="KV pool usage over time",
+        x_label="seconds since start (max per bucket)",
+        y_label="pool usage ratio",
+        lines=_lines(frame, "target"),
+        hrules=rules,
+        vrules=_fault_rules(run),
+        rug=analysis.rejection_rug(run),
+        rug_label="rejections",
+        empty="no pool usage: no kvgate_pool_usage_ratio samples, no server events with pool sizes",
+        caption="Dashed: watermarks. Vertical: faults and OOMs. Red ticks at the foot: rejections.",
+    )
+    return chart, {"series": frame.to_dict("list")}
+
+
+def gpu_memory(run: RunData) -> Figure:
+    frame, cap, source = analysis.gpu_memory(run)
+    chart = LineChart(
+        id="gpu_memory",
+        title=f"GPU memory over time ({source or 'no source'})",
+        x_label="seconds since start (max per bucket)",
+        y_label="GiB used",
+        lines=_lines(frame, "target"),
+        hrules=[Rule(cap, f"capacity {cap:.1f} GiB", "#dc2626")] if cap else [],
+        vrules=_fault_rules(run),
+        rug=analysis.rejection_rug(run),
+        rug_label="rejections",
+        empty="no GPU memory samples (neither NVML nor the simulated GPU was sampled)",
+    )
+    return chart, {"source": source, "capacity_gib": cap, "series": frame.to_dict("list")}
+
+
+def ttft(run: RunData) -> Figure:
+    q = analysis.ttft_quantiles(run)
+    chart = BarChart(
+        id="ttft",
+        title="TTFT by traffic class and priority",
+        y_label="seconds",
+        categories=q["group"].tolist(),
+        groups={name: q[name].tolist() for name in ("p50", "p95", "p99")},
+        hrules=[Rule(TTFT_SLO_S, "critical p95 limit 900 ms", "#dc2626")],
+        empty="no request received a first token",
+    )
+    return chart, {"quantiles": q.to_dict("records")}
+
+
+def release(run: RunData) -> Figure:
+    values = analysis.release_latencies(run)["value"].to_numpy(dtype=float)
+    counts = np.histogram(values, bins=np.array(RELEASE_EDGES))[0] if len(values) else np.array([])
+    labels = [
+        f"{lo:g}-{hi:g}s" if np.isfinite(hi) else f">{lo:g}s" for lo, hi in pairwise(RELEASE_EDGES)
+    ]
+    limit_bin = RELEASE_EDGES.index(RELEASE_LIMIT_S) - 1
+    chart = BarChart(
+        id="cancel_release",
+        title="Cancel-to-release latency",
+        y_label="cancelled requests",
+        categories=labels if len(values) else [],
+        groups={"requests": [float(c) for c in counts]},
+        split_after=limit_bin,
+        split_label="2 s limit",
+        empty="no cancelled request held a reservation, so there is no release latency to show",
+    )
+    summary = {"n": len(values), "bins": labels, "counts": [int(c) for c in counts]}
+    if len(values):
+        summary |= {
+            "p50": float(np.percentile(values, 50)),
+            "p99": float(np.percentile(values, 99)),
+        }
+    return chart, summary
+
+
+def tenant_share(run: RunData) -> Figure:
+    shares = analysis.tenant_shares(run)
+    cap = float(analysis.scheduler_config(run).get("tenant_max_share", 0.15))
+    chart = BarChart(
+        id="tenant_share",
+        title="Tenant share of the pool against the cap",
+        y_label="share of pool",
+        categories=shares["tenant"].astype(str).tolist(),
+        groups={"max": shares["max"].tolist(), "p95": shares["p95"].tolist()},
+        hrules=[Rule(cap, f"hard cap {cap:g}", "#dc2626")],
+        empty="no tenant share data (no kvgate_tenant_pool_share samples, no server events)",
+    )
+    return chart, {"cap": cap, "tenants": shares.to_dict("records")}
+
+
+def preempted(run: RunData) -> Figure:
+    fates = analysis.preempted_fates(run)
+    chart = BarChart(
+        id="preempted",
+        title="What became of preempted requests",
+        y_label="requests",
+        categories=[str(k) for k in fates.index],
+        groups={"requests": [float(v) for v in fates.to_numpy()]},
+        empty="no request was preempted in this run",
+    )
+    return chart, {"fates": {str(k): int(v) for k, v in fates.items()}}
+
+
+def capacity(run: RunData) -> Figure:
+    cap = run.meta.get("capacity") or {}
+    rejection = cap.get("rejection_started_users")
+    timeouts = cap.get("timeouts_started_users")
+    found = [v for v in (rejection, timeouts) if isinstance(v, int | float)]
+    chart = BarChart(
+        id="capacity",
+        title="Capacity knee: where rejection started vs where timeouts started",
+        y_label="concurrent users",
+        categories=["rejection started", "timeouts started"] if found else [],
+        groups={"users": [rejection, timeouts]},
+        empty="the load shape did not search for capacity (meta.capacity is empty)",
+        caption=(
+            "Rejection starting first is the real capacity; "
+            "timeouts before rejections mean the server queues blindly."
+        ),
+    )
+    return chart, {"rejection_started_users": rejection, "timeouts_started_users": timeouts}
+
+
+def reservation(run: RunData) -> Figure:
+    by_length = analysis.reservation_error_by_length(analysis.reservation_error(run))
+    chart = BarChart(
+        id="reservation_error",
+        title="Reservation error by request length (prompt tokens)",
+        y_label="used / reserved − 1",
+        categories=by_length["length"].astype(str).tolist(),
+        groups={"median": by_length["median"].tolist(), "p95": by_length["p95"].tolist()},
+        hrules=[Rule(0.0, "reserved = used", "#374151")],
+        empty="no admitted request carries reserved and used tokens in the server events",
+        caption="Above 0 the server held more than it reserved (an under-estimate: OOM risk).",
+    )
+    return chart, {"by_length": by_length.astype({"length": str}).to_dict("records")}
+
+
+def evictions(run: RunData) -> Figure:
+    counts = analysis.evictions(run)
+    chart = BarChart(
+        id="evictions",
+        title="Evictions by reason",
+        y_label="evictions",
+        categories=[str(k) for k in counts.index],
+        groups={"evictions": [float(v) for v in counts.to_numpy()]},
+        empty="no eviction or preemption was recorded",
+    )
+    return chart, {"by_reason": {str(k): float(v) for k, v in counts.items()}}
+
+
+def quota_rejections(run: RunData) -> Figure:
+    table = analysis.quota_rejections(run)
+    chart = BarChart(
+        id="quota_rejections",
+        title="Rejections by tenant and reason",
+        y_label="rejected requests",
+        categories=[str(t) for t in table.index],
+        groups={str(c): [float(v) for v in table[c]] for c in table.columns},
+        empty="no request was rejected",
+    )
+    return chart, {
+        "by_tenant": {
+            str(t): {str(c): int(v) for c, v in row.items()} for t, row in table.iterrows()
+        }
+    }
+
+
+FIGURES: tuple[Callable[[RunData], Figure], ...] = (
+    pool_usage,
+    gpu_memory,
+    ttft,
+    release,
+    tenant_share,
+    preempted,
+    capacity,
+    reservation,
+    evictions,
+    quota_rejections,
+)

@@ -1,0 +1,131 @@
+"""Hand-built run directories with known answers, for the gate and report tests.
+
+Times are seconds from T0; the default windows are idle [0, 10], stress [10, 100],
+after-load [100, 120].
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from gates import schema
+
+T0 = 1_000_000.0
+
+
+class RunBuilder:
+    """Collects rows of the four tables and meta.json, then writes them as a run directory."""
+
+    def __init__(self) -> None:
+        self.meta: dict[str, Any] = {
+            "plan": {"name": "hand-built"},
+            "target": {
+                "kind": "reference",
+                "model": "llama-3-8b",
+                "policy": "seed",
+                "scheduler_config_digest": "sha256:hand",
+                "config": {"admission_watermark": 0.82, "tenant_max_share": 0.15},
+            },
+            "harness_version": "test",
+            "t_start": T0,
+            "t_end": T0 + 120,
+            "cpu_warning": False,
+            "cpu_warnings": [],
+            "sim_lag_ms_p99": 1.0,
+            "sim_lag_bound_ms": 50.0,
+            "windows": {
+                "idle_before": [T0, T0 + 10],
+                "stress": [T0 + 10, T0 + 100],
+                "after_load": [T0 + 100, T0 + 120],
+            },
+            "phases": [],
+            "capacity": {"rejection_started_users": None, "timeouts_started_users": None},
+        }
+        self.rows: dict[str, list[dict[str, Any]]] = {name: [] for name in schema.TABLES}
+
+    def request(self, request_id: str, t: float = 20.0, **fields: Any) -> RunBuilder:
+        row: dict[str, Any] = dict.fromkeys(schema.REQUEST_COLUMNS)
+        row |= {
+            "request_id": request_id,
+            "traffic_class": "short_qa",
+            "tenant": "acme",
+            "priority": "interactive",
+            "t_send": T0 + t,
+            "outcome": "ok",
+            "http_status": 200,
+            "target_prompt_tokens": 100,
+        }
+        row |= fields
+        if row.get("cancel_at") is not None:
+            row["cancel_at"] = T0 + row["cancel_at"]
+        self.rows[schema.REQUESTS].append(row)
+        return self
+
+    def event(self, event: str, t: float, replica: str = "r0", **fields: Any) -> RunBuilder:
+        seq = len(self.rows[schema.SERVER_EVENTS])
+        row: dict[str, Any] = dict.fromkeys(schema.SERVER_EVENT_COLUMNS)
+        row |= {"t": T0 + t, "replica": replica, "seq": seq, "event": event, "blocks": 0}
+        row |= {
+            "pool_used_blocks": 0,
+            "pool_total_blocks": 1000,
+            "reserved_tokens": 0,
+            "used_tokens": 0,
+        }
+        row |= fields
+        self.rows[schema.SERVER_EVENTS].append(row)
+        return self
+
+    def sample(
+        self, metric: str, value: float, t: float, target: str = "r0", labels: str = ""
+    ) -> RunBuilder:
+        row = {
+            "t": T0 + t,
+            "source": "prometheus",
+            "target": target,
+            "metric": metric,
+            "labels": labels,
+            "value": value,
+        }
+        self.rows[schema.SAMPLES].append(row)
+        return self
+
+    def fault(
+        self, t_start: float, target: str = "r1", kind: str = "kill", t_end: float | None = None
+    ) -> RunBuilder:
+        self.rows[schema.FAULTS].append(
+            {
+                "fault_id": f"f{len(self.rows[schema.FAULTS])}",
+                "kind": kind,
+                "target": target,
+                "pid": 1,
+                "t_start": T0 + t_start,
+                "t_end": None if t_end is None else T0 + t_end,
+                "params": "{}",
+                "outcome": "ok",
+                "rollback": "restarted",
+            }
+        )
+        return self
+
+    def write(self, path: Path, fmt: str = "jsonl") -> Path:
+        path.mkdir(parents=True, exist_ok=True)
+        (path / schema.META_FILE).write_text(json.dumps(self.meta))
+        for name, rows in self.rows.items():
+            if not rows:
+                continue
+            if fmt == "parquet":
+                pd.DataFrame(rows).to_parquet(path / f"{name}.parquet", index=False)
+            else:
+                (path / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        return path
+
+
+def gate_file(path: Path, *gates: str) -> Path:
+    """A gate file made of YAML gate entries (each a string of `- id: ...` YAML)."""
+    body = "version: 1\ngates:\n" + "\n".join(gates)
+    path.write_text(body)
+    return path

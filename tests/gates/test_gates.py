@@ -1,0 +1,270 @@
+"""The built-in gates over hand-built runs with known answers."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gates.evaluator import evaluate
+from gates.rundir import load_run
+from gates.spec import load_gate_file
+from gates.verdict import Status, Verdict
+from tests.gates.builder import RunBuilder, gate_file
+from tests.gates.conftest import gate
+
+Judge = Callable[[RunBuilder], Verdict]
+
+
+def cancelled_run(latencies: list[float | None]) -> RunBuilder:
+    """Cancelled requests that held reservations; None: the server never released it."""
+    b = RunBuilder()
+    for i, latency in enumerate(latencies):
+        rid = f"c{i}"
+        b.request(
+            rid, t=20 + i, traffic_class="cancel_storm", outcome="cancelled", cancel_at=21.0 + i
+        )
+        b.event("admitted", 20.1 + i, request_id=rid, tenant="acme", blocks=4)
+        if latency is not None:
+            b.event("released", 21.0 + i + latency, request_id=rid, tenant="acme", blocks=4)
+    return b
+
+
+def test_zero_cancellations_make_the_release_gate_invalid_not_pass(judge: Judge) -> None:
+    b = RunBuilder().request("a", ttft_s=0.1).event("admitted", 20.1, request_id="a")
+    verdict = judge(b)
+    result = gate(verdict, "cancel_release_p99")
+    assert result.status == Status.INVALID
+    assert "no cancelled" in result.message
+    assert verdict.status == Status.INVALID  # a key gate without data
+    assert verdict.exit_code == 5
+
+
+def test_release_latency_joins_cancel_with_released_event(judge: Judge) -> None:
+    verdict = judge(cancelled_run([0.2, 0.4, 0.1]))
+    assert gate(verdict, "cancel_release_p99").status == Status.PASS
+    assert gate(verdict, "cancel_release_p99").value == pytest.approx(
+        np.percentile([0.2, 0.4, 0.1], 99)
+    )
+    slow = judge(cancelled_run([0.2, 0.3, 3.0]))
+    result = gate(slow, "cancel_release_p99")
+    assert result.status == Status.FAIL
+    assert result.evidence[0]["request_id"] == "c2"
+
+
+def test_never_released_request_fails_release(judge: Judge) -> None:
+    result = gate(judge(cancelled_run([0.1, None])), "cancel_release_p99")
+    assert result.status == Status.FAIL
+    assert result.evidence[0]["request_id"] == "c1"
+    assert "never released" in result.evidence[0]["detail"]
+
+
+def test_release_falls_back_to_the_histogram(judge: Judge) -> None:
+    b = RunBuilder()
+    for t, counts in ((20, (0, 0, 0)), (90, (10, 10, 10))):
+        for le, count in zip(("0.5", "2.5", "+Inf"), counts, strict=True):
+            b.sample("kvgate_release_latency_seconds_bucket", count, t, labels=f"le={le}")
+    result = gate(judge(b), "cancel_release_p99")
+    assert result.n_samples == 10 and result.value == 0.5
+    assert result.status == Status.PASS
+    assert any("histogram" in n for n in result.notes)
+
+
+def test_tenant_at_16_percent_fails_the_cap(judge: Judge) -> None:
+    b = RunBuilder()
+    for t in range(10, 100, 10):
+        b.sample("kvgate_tenant_pool_share", 0.10, t, labels="tenant=acme")
+        b.sample("kvgate_tenant_pool_share", 0.16 if t == 50 else 0.12, t, labels="tenant=globex")
+    result = gate(judge(b), "tenant_share_cap")
+    assert result.status == Status.FAIL and result.value == 0.16
+    assert result.evidence[0]["tenant"] == "globex"
+    assert result.first_breach_t == 1_000_050.0
+
+
+def test_tenant_share_rebuilt_from_events(judge: Judge) -> None:
+    b = RunBuilder()
+    b.event("admitted", 20, request_id="x", tenant="globex", blocks=100)
+    b.event("admitted", 21, request_id="y", tenant="globex", blocks=60)  # 160 / 1000 blocks
+    b.event("released", 22, request_id="x", tenant="globex", blocks=100)
+    b.event("admitted", 23, request_id="z", tenant="acme", blocks=140)
+    result = gate(judge(b), "tenant_share_cap")
+    assert result.status == Status.FAIL and result.value == 0.16
+    assert result.evidence[0]["tenant"] == "globex"
+    assert any("rebuilt" in n for n in result.notes)
+
+
+def test_tenant_at_14_percent_passes(judge: Judge) -> None:
+    b = RunBuilder().sample("kvgate_tenant_pool_share", 0.14, 50, labels="tenant=acme")
+    assert gate(judge(b), "tenant_share_cap").status == Status.PASS
+
+
+def test_cpu_warning_makes_the_run_invalid(tmp_path: Path) -> None:
+    b = RunBuilder().request("a", ttft_s=0.1, priority="critical")
+    b.meta["cpu_warning"] = True
+    b.meta["cpu_warnings"] = [{"t": 1.0, "worker": "w1", "cpu_percent": 97.0}]
+    gates = gate_file(tmp_path / "g.yaml", '  - {id: t, title: T, metric: ttft, pass: "p(95) < 1"}')
+    verdict = evaluate(load_run(b.write(tmp_path / "run")), load_gate_file(gates))
+    assert verdict.gates[0].status == Status.PASS
+    assert verdict.status == Status.INVALID and verdict.exit_code == 5
+    assert "CPU warning" in verdict.run_problems[0] and "w1" in verdict.run_problems[0]
+
+
+def test_simulator_lag_beyond_bound_makes_the_run_invalid(tmp_path: Path) -> None:
+    b = RunBuilder().request("a", ttft_s=0.1)
+    b.meta["sim_lag_ms_p99"], b.meta["sim_lag_bound_ms"] = 80.0, 50.0
+    gates = gate_file(tmp_path / "g.yaml", '  - {id: t, title: T, metric: ttft, pass: "p(95) < 1"}')
+    verdict = evaluate(load_run(b.write(tmp_path / "run")), load_gate_file(gates))
+    assert verdict.status == Status.INVALID
+    assert "lagged" in verdict.run_problems[0]
+
+
+def test_oom_row_fails_gate_1(judge: Judge) -> None:
+    clean = RunBuilder().event("admitted", 20, request_id="a")
+    assert gate(judge(clean), "no_oom_in_stress").status == Status.PASS
+    oom = (
+        RunBuilder()
+        .event("admitted", 20, request_id="a")
+        .event("oom", 50, replica="r1", reason="CUDA OOM")
+    )
+    result = gate(judge(oom), "no_oom_in_stress")
+    assert result.status == Status.FAIL and result.value == 1
+    assert result.evidence[0]["replica"] == "r1" and result.first_breach_t == 1_000_050.0
+
+
+def test_oom_signals_from_deaths_and_counters_and_the_window(judge: Judge) -> None:
+    died = RunBuilder().event("replica_died", 50, reason="exit 1: CUDA out of memory")
+    assert gate(judge(died), "no_oom_in_stress").status == Status.FAIL
+    other = RunBuilder().event("replica_died", 50, reason="killed by fault f1")
+    assert gate(judge(other), "no_oom_in_stress").status == Status.PASS
+    counter = RunBuilder().sample("kvgate_oom_total", 0, 20).sample("kvgate_oom_total", 1, 30)
+    assert gate(judge(counter), "no_oom_in_stress").status == Status.FAIL
+    outside = RunBuilder().event("admitted", 20, request_id="a").event("oom", 110)
+    assert gate(judge(outside), "no_oom_in_stress").status == Status.PASS
+
+
+def test_missing_stress_window_is_invalid(judge: Judge) -> None:
+    b = RunBuilder().event("oom", 50)
+    b.meta["windows"] = {}
+    result = gate(judge(b), "no_oom_in_stress")
+    assert result.status == Status.INVALID and "meta.windows.stress" in result.message
+
+
+def test_low_priority_timeouts_fail_explicit_errors(judge: Judge) -> None:
+    b = RunBuilder()
+    for i in range(50):
+        b.request(
+            f"b{i}",
+            priority="batch",
+            traffic_class="batch",
+            outcome="rejected",
+            http_status=503,
+            retry_after_s=1,
+        )
+    assert gate(judge(b), "low_priority_explicit_errors").status == Status.PASS
+    b.request("late", priority="batch", traffic_class="batch", outcome="timeout", http_status=None)
+    result = gate(judge(b), "low_priority_explicit_errors")
+    assert result.status == Status.FAIL and result.evidence[0]["request_id"] == "late"
+
+
+def test_preempted_requests_must_complete(judge: Judge) -> None:
+    b = RunBuilder()
+    for i in range(99):
+        b.request(f"p{i}").event("preempted", 30, request_id=f"p{i}")
+    assert gate(judge(b), "preempted_complete").status == Status.PASS
+    b.request("lost", outcome="error").event("preempted", 30, request_id="lost")
+    result = gate(judge(b), "preempted_complete")
+    assert result.status == Status.FAIL and result.value == 0.99
+    assert result.evidence[0]["request_id"] == "lost"
+
+
+def test_memory_must_return_to_idle(judge: Judge) -> None:
+    def run(after: float) -> RunBuilder:
+        b = RunBuilder().sample("kvgate_pool_blocks_total", 1000, 5)
+        for t, used in ((2, 10), (5, 10), (50, 900), (112, after), (118, after)):
+            b.sample("kvgate_pool_used_blocks", used, t)
+        return b
+
+    assert gate(judge(run(20)), "memory_back_to_idle").status == Status.PASS
+    assert gate(judge(run(40)), "memory_back_to_idle").status == Status.MARGINAL
+    held = gate(judge(run(300)), "memory_back_to_idle")
+    assert held.status == Status.FAIL and held.value == 0.29
+
+
+def test_failover_double_reservation_and_ledger_drift(judge: Judge) -> None:
+    ok = RunBuilder().fault(40, target="r0")
+    ok.event("admitted", 30, replica="r0", request_id="m").event(
+        "admitted", 41, replica="r1", request_id="m"
+    )
+    ok.sample("kvgate_gateway_ledger_drift_tokens", 500, 41, target="gateway")
+    ok.sample("kvgate_gateway_ledger_drift_tokens", 0, 42.5, target="gateway")
+    assert gate(judge(ok), "failover_no_double_reservation").status == Status.PASS
+    twice = RunBuilder().fault(40, target="r2")
+    twice.event("admitted", 30, replica="r0", request_id="m").event(
+        "admitted", 41, replica="r1", request_id="m"
+    )
+    result = gate(judge(twice), "failover_no_double_reservation")
+    assert result.status == Status.FAIL and result.evidence[0]["request_id"] == "m"
+    drift = RunBuilder().fault(40, target="r0").event("admitted", 30, request_id="a")
+    for t, tokens in (
+        (39, 0),
+        (40, 0),
+        (41, 300),
+        (42, 500),
+        (43, 500),
+        (44, 500),
+        (45, 500),
+        (46, 0),
+    ):
+        drift.sample("kvgate_gateway_ledger_drift_tokens", tokens, t, target="gateway")
+    result = gate(judge(drift), "failover_no_double_reservation")
+    assert result.status == Status.FAIL
+    assert "up to 500 tokens) in all 4 samples 2-5.0s after fault" in result.evidence[0]["detail"]
+
+
+def test_transient_drift_that_settles_in_time_passes(judge: Judge) -> None:
+    b = RunBuilder().fault(40, target="r0").event("admitted", 30, request_id="a")
+    for t, tokens in ((38, 900), (39, 0), (40.5, 700), (41.5, 0), (42.5, 300), (43.5, 0)):
+        b.sample("kvgate_gateway_ledger_drift_tokens", tokens, t, target="gateway")
+    assert gate(judge(b), "failover_no_double_reservation").status == Status.PASS
+
+
+def test_no_kill_means_no_failover_data(judge: Judge) -> None:
+    result = gate(
+        judge(RunBuilder().event("admitted", 30, request_id="a")), "failover_no_double_reservation"
+    )
+    assert result.status == Status.INVALID
+
+
+def test_batch_must_pause_at_peak_and_resume_in_trough(judge: Judge) -> None:
+    def run(peak_admissions: int, trough_admissions: int) -> RunBuilder:
+        b = RunBuilder()
+        b.meta["phases"] = [
+            {"name": "peak", "t0": b.meta["t_start"] + 10, "t1": b.meta["t_start"] + 50},
+            {"name": "trough", "t0": b.meta["t_start"] + 50, "t1": b.meta["t_start"] + 90},
+        ]
+        b.request("q", t=12, priority="batch", traffic_class="batch")
+        for i in range(peak_admissions):
+            b.event("admitted", 11 + i * 0.1, request_id=f"p{i}", priority="batch")
+        for i in range(trough_admissions):
+            b.event("admitted", 51 + i * 0.1, request_id=f"t{i}", priority="batch")
+        return b
+
+    assert gate(judge(run(1, 40)), "batch_stops_at_peak").status == Status.PASS
+    busy = gate(judge(run(20, 40)), "batch_stops_at_peak")
+    assert busy.status == Status.FAIL and "peak admitted" in busy.evidence[0]["detail"]
+    starved = gate(judge(run(0, 0)), "batch_stops_at_peak")
+    assert starved.status == Status.FAIL and "starved" in starved.evidence[0]["detail"]
+
+
+def test_warn_threshold_makes_marginal_and_exit_4(tmp_path: Path) -> None:
+    b = RunBuilder().request("a", ttft_s=0.85, priority="critical")
+    gates = gate_file(
+        tmp_path / "g.yaml",
+        "  - {id: t, title: T, metric: ttft, key: true,\n"
+        '     pass: "p(95) <= 900ms", warn: "p(95) <= 800ms"}',
+    )
+    verdict = evaluate(load_run(b.write(tmp_path / "run")), load_gate_file(gates))
+    assert verdict.gates[0].status == Status.MARGINAL
+    assert verdict.status == Status.MARGINAL and verdict.exit_code == 4

@@ -1,0 +1,116 @@
+"""The gate spec: threshold parsing, the built-in gates, and errors that name the YAML path."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gates.cli import main
+from gates.spec import GateSpecError, Threshold, load_gate_file
+from tests.gates.builder import gate_file
+
+
+@pytest.mark.parametrize(
+    ("text", "stat", "quantile", "op", "value"),
+    [
+        ("p(95) <= 0.9", "p", 95.0, "<=", 0.9),
+        ("p(99.9)<900ms", "p", 99.9, "<", 0.9),
+        ("rate > 99%", "rate", None, ">", 0.99),
+        ("count == 0", "count", None, "==", 0.0),
+        ("max <= 1.5e-1", "max", None, "<=", 0.15),
+    ],
+)
+def test_threshold_parses_k6_style(
+    text: str, stat: str, quantile: float | None, op: str, value: float
+) -> None:
+    t = Threshold.model_validate(text)
+    assert (t.statistic, t.quantile, t.op) == (stat, quantile, op)
+    assert t.value == pytest.approx(value)
+
+
+def test_threshold_holds_and_nan_never_holds() -> None:
+    t = Threshold.model_validate("p(95) <= 0.9")
+    assert t.holds(0.9) and not t.holds(0.9001) and not t.holds(float("nan"))
+
+
+def test_builtin_gates_carry_the_seed_numbers() -> None:
+    gates = {g.id: g for g in load_gate_file().gates}
+    assert len(gates) == 9
+    assert gates["cancel_release_p99"].pass_.value == 2.0
+    assert gates["ttft_critical_p95"].pass_.value == pytest.approx(0.9)
+    assert gates["ttft_critical_p95"].filter.priority == ["critical"]
+    assert gates["tenant_share_cap"].pass_.value == 0.15
+    assert gates["preempted_complete"].pass_.text == "rate > 0.99"
+    assert all(g.on_missing == "invalid" for g in gates.values())
+
+
+@pytest.mark.parametrize(
+    ("entry", "path", "words"),
+    [
+        (
+            '  - {id: a, title: A, metric: ttft, pass: "p(95) < 1"}\n'
+            '  - {id: b, title: B, metric: ttft, pass: "p95 < 1"}',
+            "gates[1] (id: b).pass",
+            "STAT OP NUMBER",
+        ),
+        (
+            '  - {id: a, title: A, metric: ttft, pass: "p(95) < 1", filter: {priority: [urgent]}}',
+            "gates[0] (id: a).filter.priority[0]",
+            "critical",
+        ),
+        (
+            '  - {id: a, title: A, metric: nosuch, pass: "max < 1"}',
+            "gates[0] (id: a)",
+            "known metrics",
+        ),
+        (
+            '  - {id: a, title: A, metric: oom_events, pass: "count == 0", filter: {tenant: [x]}}',
+            "gates[0] (id: a)",
+            "cannot filter by tenant",
+        ),
+        (
+            '  - {id: a, title: A, metric: ttft, pass: "p(95) < 1", colour: red}',
+            "gates[0] (id: a).colour",
+            "Extra",
+        ),
+        (
+            '  - {id: a, title: A, metric: ttft, pass: "p(95) < 1", warn: "max < 1"}',
+            "gates[0] (id: a)",
+            "same statistic",
+        ),
+        (
+            '  - {id: a, title: A, metric: ttft, pass: "p(95) < 1", filter: {window: lunch}}',
+            "gates[0] (id: a).filter.window",
+            "phase:NAME",
+        ),
+    ],
+)
+def test_bad_gate_file_names_the_yaml_path(
+    tmp_path: Path, entry: str, path: str, words: str
+) -> None:
+    with pytest.raises(GateSpecError) as err:
+        load_gate_file(gate_file(tmp_path / "g.yaml", entry))
+    assert path in str(err.value)
+    assert words in str(err.value)
+
+
+def test_duplicate_ids_and_yaml_syntax_errors(tmp_path: Path) -> None:
+    entry = '  - {id: a, title: A, metric: ttft, pass: "p(95) < 1"}'
+    with pytest.raises(GateSpecError, match="appears twice"):
+        load_gate_file(gate_file(tmp_path / "dup.yaml", entry, entry))
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("gates: [\n")
+    with pytest.raises(GateSpecError, match="not valid YAML"):
+        load_gate_file(bad)
+
+
+def test_cli_usage_errors_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([]) == 2
+    assert main([str(tmp_path / "missing")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "meta.json").write_text("{}")
+    bad = gate_file(tmp_path / "g.yaml", '  - {id: a, title: A, metric: ttft, pass: "p95 < 1"}')
+    assert main([str(tmp_path / "run"), "--gates", str(bad)]) == 2
+    assert "gates[0] (id: a).pass" in capsys.readouterr().err

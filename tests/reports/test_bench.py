@@ -1,0 +1,19 @@
+"""`kvgate bench analysis --json` at a small size: it measures a child process and reports."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from reports.bench import main
+
+
+def test_bench_reports_seconds_and_peak_rss(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--json", "--requests", "3000", "--samples", "3000"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["requests"] == 3000 and result["server_events"] > 3000
+    assert result["seconds"] > 0 and 0 < result["peak_rss_gib"] < 4
+    assert result["verdict"] == "PASS"
+    assert 0 < result["html_bytes"] < 5_000_000
+    assert set(result["targets"]) == {"seconds", "peak_rss_gib", "html_bytes"}

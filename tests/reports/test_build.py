@@ -1,0 +1,86 @@
+"""report.html, summary.md and report.json from run directories."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from reports import write_reports
+from reports.cli import main
+from tests.gates.builder import RunBuilder
+
+
+def test_failing_run_report_puts_verdict_and_failed_gates_first(
+    run_copy: Callable[[str], Path],
+) -> None:
+    path = run_copy("oom")
+    paths = write_reports(path)
+    html = paths["html"].read_text()
+    assert html.index('id="verdict"') < html.index('id="failed"') < html.index('id="charts"')
+    assert ">FAIL<" in html and "no_oom_in_stress" in html
+    assert (path / "verdict.json").is_file()  # gates ran because no verdict existed
+    summary = paths["markdown"].read_text()
+    assert summary.startswith("## kvgate: **FAIL**")
+    assert re.search(
+        r"\| Zero OOM during the stress window \(key\) \| FAIL \| 2 \| `count == 0` \|", summary
+    )
+    assert str(paths["html"]) in summary
+    report = json.loads(paths["json"].read_text())
+    assert report["verdict"]["status"] == "FAIL"
+    assert report["data"]["tenant_share"]["cap"] == 0.15
+    assert all(not chart["empty"] for chart in report["charts"].values())
+
+
+def test_html_is_self_contained(run_copy: Callable[[str], Path]) -> None:
+    html = write_reports(run_copy("clean"))["html"].read_text()
+    assert "<script" not in html and "<link" not in html
+    assert not re.search(r"""(src|href)=["']?(https?:)?//""", html)
+    assert html.count('<svg class="chart"') == 10
+
+
+def test_charts_without_data_say_so(tmp_path: Path) -> None:
+    path = RunBuilder().request("a", ttft_s=0.2).write(tmp_path / "run")
+    paths = write_reports(path)
+    html = paths["html"].read_text()
+    report = json.loads(paths["json"].read_text())
+    assert report["charts"]["ttft"]["empty"] is None
+    assert "no cancelled request" in report["charts"]["cancel_release"]["empty"]
+    assert "No data: the load shape did not search for capacity" in html
+    assert html.count('data-empty="true"') == sum(
+        1 for c in report["charts"].values() if c["empty"]
+    )
+
+
+def test_existing_verdict_is_reused(run_copy: Callable[[str], Path]) -> None:
+    path = run_copy("clean")
+    assert main([str(path)]) == 0
+    verdict = json.loads((path / "verdict.json").read_text())
+    verdict["status"] = "MARGINAL"
+    (path / "verdict.json").write_text(json.dumps(verdict))
+    assert main([str(path)]) == 0
+    assert "**MARGINAL**" in (path / "summary.md").read_text()
+
+
+def test_report_cli_usage(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([]) == 2
+    assert main([str(tmp_path / "missing")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+
+
+def test_a_chart_the_data_defeats_does_not_cost_the_report(
+    run_copy: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from reports import build, figures
+
+    def broken(run: object) -> figures.Figure:
+        raise ValueError("bad column")
+
+    monkeypatch.setattr(build, "FIGURES", (broken, *figures.FIGURES[1:]))
+    paths = write_reports(run_copy("clean"))
+    report = json.loads(paths["json"].read_text())
+    assert "could not be drawn (ValueError: bad column)" in report["charts"]["broken"]["empty"]
+    assert report["charts"]["ttft"]["empty"] is None

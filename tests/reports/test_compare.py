@@ -1,0 +1,99 @@
+"""`kvgate compare`: the rollback decision over runs with known answers."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gates.rundir import load_run
+from gates.spec import load_gate_file
+from reports.compare import rank_test
+from reports.compare_cmd import main
+from reports.decide import compare_runs
+from tests.gates.builder import RunBuilder
+
+
+def test_rank_biserial_sign_and_size() -> None:
+    slow, fast = np.arange(100, 200, dtype=float), np.arange(0, 100, dtype=float)
+    p, effect = rank_test(slow, fast)
+    assert p < 1e-10 and effect == pytest.approx(1.0)
+    p, effect = rank_test(fast, slow)
+    assert effect == pytest.approx(-1.0)
+    same = np.random.default_rng(1).normal(size=400)
+    p, effect = rank_test(same[:200], same[200:])
+    assert p > 0.01 and abs(effect) < 0.2
+
+
+def test_oom_candidate_against_clean_baseline_rolls_back(
+    synthetic_runs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main([str(synthetic_runs["oom"]), str(synthetic_runs["clean"]), "--out", str(tmp_path)])
+    assert code == 3
+    out = capsys.readouterr().out
+    assert "decision: ROLLBACK to sha256:seed-config" in out
+    decision = json.loads((tmp_path / "rollback.json").read_text())
+    assert decision["decision"] == "ROLLBACK" and decision["exit_code"] == 3
+    assert decision["rollback_to"] == "sha256:seed-config"
+    assert decision["likely_cause"].startswith("estimation bias")
+    assert 0.5 <= decision["recommended_admission_watermark"] < 0.82
+    gates = {g["id"]: g for g in decision["gates"]}
+    assert (
+        gates["no_oom_in_stress"]["candidate"] == "FAIL"
+        and gates["no_oom_in_stress"]["baseline"] == "PASS"
+    )
+    ttft = [
+        t
+        for t in decision["latency"]
+        if t["metric"] == "ttft" and t["group"] == "short_qa/critical"
+    ]
+    assert ttft and ttft[0]["effect"] > 0.3 and ttft[0]["p_value"] < 0.01
+    assert (
+        decision["reservation"]["candidate"]["under_reserved"]
+        > decision["reservation"]["baseline"]["under_reserved"]
+    )
+    markdown = (tmp_path / "rollback.md").read_text()
+    assert "**ROLLBACK**" in markdown and "global admission watermark" in markdown
+
+
+def test_same_runs_promote(synthetic_runs: dict[str, Path], tmp_path: Path) -> None:
+    assert (
+        main([str(synthetic_runs["clean"]), str(synthetic_runs["clean"]), "--out", str(tmp_path)])
+        == 0
+    )
+    decision = json.loads((tmp_path / "rollback.json").read_text())
+    assert decision["decision"] == "PROMOTE" and decision["rollback_to"] is None
+    assert all(not t["regression"] for t in decision["latency"])
+
+
+def test_invalid_baseline_holds(synthetic_runs: dict[str, Path], tmp_path: Path) -> None:
+    baseline = load_run(synthetic_runs["clean"])
+    baseline.meta["cpu_warning"] = True
+    result = compare_runs(load_run(synthetic_runs["oom"]), baseline, load_gate_file())
+    assert result.decision == "HOLD" and result.exit_code == 4
+    assert any("baseline run is INVALID" in r for r in result.reasons)
+
+
+def test_release_defect_is_named(synthetic_runs: dict[str, Path]) -> None:
+    """A candidate whose only change is slow release: the cause is the runtime release path."""
+    baseline = load_run(synthetic_runs["clean"])
+    candidate = load_run(synthetic_runs["clean"])  # changed in memory only
+    events = candidate.server_events
+    late = events["event"].eq("released") & events["request_id"].isin(
+        candidate.requests.loc[candidate.requests["cancel_at"].notna(), "request_id"]
+    )
+    events.loc[late, "t"] += 3.0
+    result = compare_runs(candidate, baseline, load_gate_file())
+    assert result.decision == "ROLLBACK"
+    assert result.likely_cause is not None and result.likely_cause.startswith(
+        "a runtime release defect"
+    )
+
+
+def test_compare_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([str(tmp_path)]) == 2
+    run = RunBuilder().write(tmp_path / "run")
+    assert main([str(run), str(tmp_path / "missing")]) == 2
+    assert "does not exist" in capsys.readouterr().err
