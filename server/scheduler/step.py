@@ -1,0 +1,236 @@
+"""One scheduling step as a short sequence of named phases: expire deadlines, start queued
+work, relieve pressure, feed starved decodes, plan chunks; and the commit that follows.
+
+A steady decode batch costs O(1) per step: the decode set hands out a cached snapshot and
+advances its members lazily, so commit touches only the sequences due this step (reaching
+max_new_tokens or filling their last block, about one in block_tokens per step). Prefill,
+admission and preemption cost what they touch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from server.scheduler.policies import Start
+from server.scheduler.sequence import Sequence
+from server.scheduler.types import (
+    PRIORITIES_BY_RANK,
+    Admission,
+    PrefillChunk,
+    Priority,
+    SeqState,
+    StepPlan,
+)
+
+if TYPE_CHECKING:
+    from server.scheduler.scheduler import Scheduler
+
+MAX_SKIPS = 64  # queued sequences passed over per step before the start phase gives up
+
+
+def start_verdict(s: Scheduler, seq: Sequence) -> Start:
+    """Ask the policy whether `seq` may start now, given what its prefix hits save."""
+    live_hits = s.pool.peek(s.usable_prefix(seq))[1]
+    if seq.reserve_full:
+        commit = seq.need_blocks - live_hits
+    else:
+        commit = s.config.blocks_for(seq.target + 1) - live_hits
+    return s.policy.can_start(s, seq, commit)
+
+
+def try_start(s: Scheduler, seq: Sequence) -> bool:
+    if start_verdict(s, seq) is not Start.NOW:
+        return False
+    s.start(seq)
+    return True
+
+
+def schedule(s: Scheduler, budget: int) -> StepPlan:
+    """Decide this step. The plan must be passed to commit() before the next schedule()."""
+    if s.inflight is not None:
+        raise RuntimeError("schedule() called again before commit() of the previous plan")
+    if budget < 1:
+        raise ValueError(f"token_budget must be at least 1, got {budget}")
+    expired = _expire(s) if s.policy.bounded_queue else []
+    admitted = _start_queued(s)
+    preempted, shed = s.policy.relieve(s)
+    preempted += _feed_starved(s)
+    decode, _, held_back = s.decoding.snapshot(budget)
+    prefill = _plan_prefill(s, budget - len(decode))
+    plan = StepPlan(
+        prefill=prefill,
+        decode=decode,
+        preempted=tuple(preempted),
+        expired=tuple(expired + shed),
+        admitted=tuple(admitted),
+    )
+    s.inflight = (plan, s.clock(), held_back)
+    s.queue.compact()
+    return plan
+
+
+def _expire(s: Scheduler) -> list[tuple[str, Admission]]:
+    return [(seq.request_id, s.expire(seq)) for seq in s.queue.expired(s.clock())]
+
+
+def _start_queued(s: Scheduler) -> list[str]:
+    """Start queued sequences in service order until the pool says BLOCKED."""
+    started: list[str] = []
+    aside: list[Sequence] = []
+    while len(aside) < MAX_SKIPS:
+        seq = s.take_next()
+        if seq is None:
+            break
+        verdict = start_verdict(s, seq)
+        if verdict is Start.NOW:
+            s.start(seq)
+            started.append(seq.request_id)
+            continue
+        aside.append(seq)
+        if verdict is Start.BLOCKED:
+            break
+    for seq in aside:
+        s.requeue(seq)
+    return started
+
+
+def _feed_starved(s: Scheduler) -> list[str]:
+    """Non-reserving policies: give starved decodes a block, preempting if the policy says so."""
+    preempted: list[str] = []
+    for seq in list(s.starved.values()):
+        while seq.request_id in s.starved:
+            if s.pool.free:
+                _grow(s, seq)
+                del s.starved[seq.request_id]
+                s.decoding.add(seq)
+                continue
+            victim = s.policy.shortage_victim(s)
+            if victim is None:
+                return preempted
+            s.preempt(victim, "no_free_block")
+            preempted.append(victim.request_id)
+    return preempted
+
+
+def _plan_prefill(s: Scheduler, left: int) -> tuple[PrefillChunk, ...]:
+    """Chunked prefill within the remaining token budget, critical first."""
+    chunks: list[PrefillChunk] = []
+    for prio in PRIORITIES_BY_RANK:
+        if prio is Priority.BATCH and s.policy.pause_batch_prefill(s):
+            continue
+        for seq in list(s.prefilling[prio].values()):
+            if left <= 0:
+                return tuple(chunks)
+            n = _make_room(s, seq, min(seq.target - seq.kv_tokens, left))
+            if n > 0:
+                chunks.append(PrefillChunk(seq.request_id, seq.kv_tokens, n))
+                left -= n
+    return tuple(chunks)
+
+
+def _make_room(s: Scheduler, seq: Sequence, n: int) -> int:
+    """Allocate blocks for the next `n` prefill tokens (plus the first output token when the
+    chunk completes the prompt); returns how many tokens got room (fewer only when a
+    non-reserving policy runs out of blocks)."""
+    bt = s.config.block_tokens
+    room = seq.capacity + s.pool.free * bt - seq.kv_tokens
+    if seq.kv_tokens + n == seq.target and room < n + 1:
+        n -= 1  # the completing chunk needs a slot for its output token
+    n = min(n, room)
+    if n <= 0:
+        return 0
+    extra = 1 if seq.kv_tokens + n == seq.target else 0
+    missing = s.config.blocks_for(seq.kv_tokens + n + extra) - len(seq.blocks)
+    if missing > 0:
+        before = s.ledger.snapshot(seq)
+        for _ in range(missing):
+            seq.blocks.append(s.pool.allocate())
+        seq.capacity = len(seq.blocks) * bt
+        s.ledger.apply(seq, before)
+    return n
+
+
+def _grow(s: Scheduler, seq: Sequence) -> bool:
+    """One more block for the next decode token. A non-reserving policy may find none: the
+    sequence then leaves the decode set and waits in `starved` (returns False)."""
+    if seq.reserve_full and len(seq.blocks) < seq.need_blocks:
+        # Within its reservation: headroom turns into a block in use, commitments unchanged.
+        seq.blocks.append(s.pool.allocate())
+        seq.capacity += s.config.block_tokens
+        s.ledger.headroom_blocks -= 1
+        return True
+    if not s.pool.free:
+        assert not seq.reserve_full, "a reserving policy ran out of blocks it had reserved"
+        s.decoding.discard(seq.request_id)
+        s.starved[seq.request_id] = seq
+        return False
+    before = s.ledger.snapshot(seq)
+    seq.blocks.append(s.pool.allocate())
+    seq.capacity += s.config.block_tokens
+    s.ledger.apply(seq, before)
+    return True
+
+
+def commit(s: Scheduler, plan: StepPlan, finished: Iterable[str]) -> None:
+    """The engine ran `plan`. Advance positions, publish prefix blocks, charge GPU time,
+    finish (and release, in this call) sequences that hit their cap or are in `finished`.
+    Ids cancelled while the plan was in flight, and unknown ids in `finished`, are skipped.
+    Decoders advance lazily (DecodeSet); only those due this step are touched."""
+    if s.inflight is None or s.inflight[0] is not plan:
+        raise RuntimeError("commit() takes the plan the last schedule() returned")
+    _, t_plan, held_back = s.inflight
+    s.inflight = None
+    now = s.clock()
+    per_token = max(0.0, now - t_plan) / max(1, plan.batched_tokens)
+    s.ledger.meter += per_token  # every decoder accrues one token's share of the step
+    due = s.decoding.advance(held_back, per_token)
+    done = set(finished)
+    for chunk in plan.prefill:
+        seq = s.running_seq(chunk.request_id)
+        if seq is not None and seq.kv_tokens == chunk.start and seq.prefilling:
+            _advance_prefill(s, seq, chunk.tokens, now, per_token, done)
+    steps = s.decoding.steps
+    for seq in due:  # settled values + lag: the lazy properties, inlined for the hot path
+        lag = steps - seq.dmark
+        if seq.gen_settled + lag >= seq.max_new:
+            done.discard(seq.request_id)
+            s.release(seq, "finished", "length")
+        elif seq.kv_settled + lag >= seq.capacity and _grow(s, seq):
+            s.decoding.rewake(seq)
+    for rid in done:
+        seq = s.running_seq(rid)
+        if seq is not None:
+            s.release(seq, "finished", "stop")
+
+
+def _advance_prefill(
+    s: Scheduler, seq: Sequence, tokens: int, now: float, per_token: float, done: set[str]
+) -> None:
+    before = s.ledger.snapshot(seq)
+    seq.kv_tokens += tokens
+    s.kv_settled += tokens
+    s.ledger.charge_gpu(seq, per_token * tokens)
+    _publish_prefix(s, seq)
+    if seq.prefilling:
+        s.ledger.apply(seq, before)
+        return
+    seq.generated += 1  # the completing chunk also produced one output token
+    seq.kv_tokens += 1
+    s.kv_settled += 1
+    seq.state = SeqState.RUNNING
+    seq.t_decode_start = now
+    del s.prefilling[seq.priority][seq.request_id]
+    s.ledger.apply(seq, before)
+    if seq.generated >= seq.max_new or seq.request_id in done:
+        done.discard(seq.request_id)
+        s.release(seq, "finished", "length" if seq.generated >= seq.max_new else "stop")
+    elif seq.kv_tokens < seq.capacity or _grow(s, seq):
+        s.decoding.add(seq)
+
+
+def _publish_prefix(s: Scheduler, seq: Sequence) -> None:
+    upto = min(len(seq.prefix_keys), seq.kv_tokens // s.config.block_tokens)
+    for i in range(seq.registered, upto):
+        s.pool.register(seq.blocks[i], seq.prefix_keys[i])
+    seq.registered = max(seq.registered, upto)

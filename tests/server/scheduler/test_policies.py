@@ -1,0 +1,85 @@
+"""Baseline policies behind the same interface: naive, vllm, tgi (and how the seed differs)."""
+
+from __future__ import annotations
+
+import pytest
+
+from server.scheduler import Outcome, Priority, Scheduler, SeqState
+from tests.server.scheduler.helpers import FakeClock, req, small_config, step, tenants
+
+GIB = 1 << 30
+
+
+def make(policy: str, **kw: object) -> tuple[Scheduler, FakeClock]:
+    clock = FakeClock()
+    cfg = small_config(kv_pool_gib=4.0, step_token_budget=1024)
+    return Scheduler(cfg, tenants("a"), policy=policy, clock=clock, **kw), clock  # type: ignore[arg-type]
+
+
+def long_context_load(s: Scheduler, n: int = 12) -> list[Outcome]:
+    return [s.submit(req(f"r{i}", prompt=4000, max_new=2000)).outcome for i in range(n)]
+
+
+def test_unknown_policy_is_refused() -> None:
+    with pytest.raises(ValueError, match="choose one of seed, naive, vllm, tgi"):
+        make("fifo")
+
+
+def test_naive_needs_device_free_bytes() -> None:
+    with pytest.raises(ValueError, match="device_free_bytes"):
+        make("naive")
+
+
+def test_naive_admits_everything_and_fills_all_free_memory() -> None:
+    s, clock = make("naive", device_free_bytes=6 * GIB)
+    assert s.pool_blocks == 6 * GIB // s.config.block_bytes  # not kv_pool_gib
+    assert long_context_load(s) == [Outcome.ADMIT] * 12
+    for _ in range(60):
+        plan = step(s, clock)
+        assert plan.preempted == ()
+    # KV alone now holds every byte left after weights: no room for activations, so a real
+    # (or simulated) GPU runs out of memory here.
+    assert s.pool.used * s.config.block_bytes > 0.99 * 6 * GIB
+    assert all(s.state(f"r{i}") is SeqState.RUNNING for i in range(12))
+
+
+def test_seed_under_the_same_load_stays_under_the_hard_watermark() -> None:
+    s, clock = make("seed")
+    outcomes = long_context_load(s)
+    assert outcomes.count(Outcome.ADMIT) == 4 and outcomes.count(Outcome.QUEUE) == 8
+    for _ in range(60):
+        step(s, clock)
+        assert s.committed_blocks <= s.config.hard_watermark * s.pool_blocks
+
+
+def test_vllm_is_fcfs_and_preempts_the_newest_when_blocks_run_out() -> None:
+    s, clock = make("vllm")
+    # No worst-case reservation: each start needs only its prompt's blocks (250 + 1 slot).
+    assert long_context_load(s, 7) == [Outcome.ADMIT] * 7
+    crit = s.submit(req("crit", priority=Priority.CRITICAL, prompt=4000, max_new=10))
+    assert crit.outcome is Outcome.QUEUE  # FCFS: priority does not jump the queue
+    preempted: list[str] = []
+    for _ in range(400):
+        preempted += step(s, clock).preempted
+        if preempted:
+            break
+    assert preempted == ["r6"]  # the newest running sequence
+    assert s.state("r6") is SeqState.PREEMPTED
+
+
+def test_vllm_ignores_tenant_quotas() -> None:
+    s, _ = make("vllm")
+    assert s.submit(req("x", tenant="nobody")).outcome is Outcome.ADMIT
+
+
+def test_tgi_reserves_full_max_tokens_never_preempts_and_queues_without_bound() -> None:
+    s, clock = make("tgi")
+    outcomes = long_context_load(s, 40)  # max_queued is 16: TGI's queue ignores it
+    assert outcomes.count(Outcome.ADMIT) == 4  # 4 x 375 blocks of 1773 reserved
+    assert outcomes.count(Outcome.QUEUE) == 36
+    assert s.committed_blocks == 4 * 375
+    clock.advance(60.0)  # far past any queue deadline
+    for _ in range(30):
+        plan = step(s, clock)
+        assert plan.preempted == () and plan.expired == ()
+    assert len(s.queue) == 36
