@@ -1,0 +1,226 @@
+"""The streaming client against scripted fake servers: every ending is classified, never raised."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import gevent
+import pytest
+
+from tests.workloads.fakes import FakeServer, fake_server
+from workloads.client import StreamClient, StreamRequest, StreamResult
+from workloads.connection import Connection
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[FakeServer]:
+    with fake_server(tokens=5, gap_s=0.002) as srv:
+        yield srv
+
+
+def run(
+    client: StreamClient,
+    script: str,
+    timeout_s: float = 2.0,
+    cancel_after_chunks: int | None = None,
+    cancel_after_s: float | None = None,
+) -> StreamResult:
+    request = StreamRequest(
+        "/v1/chat/completions",
+        b"{}",
+        {"X-Fake": script, "X-Request-Id": script},
+        timeout_s=timeout_s,
+        cancel_after_chunks=cancel_after_chunks,
+        cancel_after_s=cancel_after_s,
+        keep_text=True,
+    )
+    result = StreamResult(request_id=script, t_send=0.0)
+    client.stream(request, result)
+    return result
+
+
+def test_ok_stream_times_content_not_role_and_takes_usage(server: FakeServer) -> None:
+    result = run(StreamClient(server.url), "ok")
+    assert result.outcome == "ok" and result.http_status == 200
+    assert result.chunks == 5  # the role-only chunk and the usage chunk carry no content
+    assert "".join(result.text or ()) == " word two words word word word"
+    assert len(result.gaps) == 4 and all(g >= 0 for g in result.gaps)
+    assert result.ttft_s is not None and result.e2e_s is not None
+    assert 0 < result.ttft_s <= result.e2e_s
+    assert (result.prompt_tokens, result.completion_tokens, result.cached_tokens) == (40, 6, 16)
+    assert result.finish_reason == "length" and result.replica == "fake0"
+    assert result.t_send > 1e9  # epoch seconds
+
+
+def test_keep_alive_connections_are_reused(server: FakeServer) -> None:
+    client = StreamClient(server.url)
+    before = server.connections
+    for _ in range(5):
+        assert run(client, "ok").outcome == "ok"
+    assert server.connections - before == 1
+
+
+def test_server_keeping_the_connection_open_after_done_does_not_delay_the_ending(
+    server: FakeServer,
+) -> None:
+    client = StreamClient(server.url)
+    result = run(client, "keep_open")
+    assert result.outcome == "ok" and result.chunks == 1
+    assert result.e2e_s is not None and result.e2e_s < 1.0
+    gevent.sleep(0.2)  # past the grace period: the connection was given up, not pooled
+    assert not client._idle and not client._draining
+    connections = server.connections
+    assert run(client, "ok").outcome == "ok"
+    assert server.connections == connections + 1
+
+
+def test_a_late_end_of_body_is_read_in_the_background(server: FakeServer) -> None:
+    client = StreamClient(server.url)
+    assert run(client, "late_end").outcome == "ok"
+    (draining,) = client._draining  # the caller did not wait for the end of the body
+    assert not client._idle
+    gevent.sleep(0.2)
+    assert client._idle == [draining] and not client._draining
+    connections = server.connections
+    assert run(client, "ok").outcome == "ok"
+    assert server.connections == connections  # reused
+
+
+def test_closing_the_client_closes_connections_still_draining(server: FakeServer) -> None:
+    client = StreamClient(server.url)
+    assert run(client, "late_end").outcome == "ok"
+    (draining,) = client._draining
+    client.close()
+    gevent.sleep(0.2)
+    assert not client._idle and not client._draining
+    assert draining.peer_closed()  # our side is closed: the socket reports an error
+
+
+def test_crlf_events_sent_one_byte_at_a_time(server: FakeServer) -> None:
+    result = run(StreamClient(server.url), "crlf_bytewise")
+    assert result.outcome == "ok" and "".join(result.text or ()) == " a b"
+
+
+def test_body_until_close_without_chunking(server: FakeServer) -> None:
+    result = run(StreamClient(server.url), "until_close")
+    assert result.outcome == "ok" and result.finish_reason == "stop"
+
+
+@pytest.mark.parametrize(
+    ("script", "outcome", "code"),
+    [
+        ("malformed_json", "protocol_error", "protocol_error"),
+        ("malformed_sse", "protocol_error", "protocol_error"),
+        ("drop", "disconnected", "connection_closed"),
+        ("server_error", "error", "http_500"),
+        ("stream_error", "error", "replica_failed"),
+    ],
+)
+def test_broken_endings_are_classified(
+    server: FakeServer, script: str, outcome: str, code: str
+) -> None:
+    result = run(StreamClient(server.url), script)
+    assert (result.outcome, result.error_code) == (outcome, code)
+    assert result.error_message
+    assert result.e2e_s is not None and result.e2e_s < 1.0
+
+
+def test_rejection_keeps_status_code_message_and_retry_after(server: FakeServer) -> None:
+    client = StreamClient(server.url)
+    result = run(client, "reject")
+    assert result.outcome == "rejected"
+    assert (result.http_status, result.error_code, result.retry_after_s) == (429, "tenant_quota", 3)
+    assert result.error_message == "tenant over quota"
+    assert run(client, "ok").outcome == "ok"  # the error body was read to its end
+
+
+def test_timeout_when_the_server_never_answers(server: FakeServer) -> None:
+    result = run(StreamClient(server.url), "stall", timeout_s=0.3)
+    assert result.outcome == "timeout" and result.error_code == "client_timeout"
+    assert result.e2e_s is not None and 0.3 <= result.e2e_s < 1.0
+
+
+def test_cancel_after_k_content_chunks_closes_and_records_when(server: FakeServer) -> None:
+    result = run(StreamClient(server.url), "slow_tokens", cancel_after_chunks=3)
+    assert result.outcome == "cancelled" and result.chunks == 3
+    assert result.cancel_at is not None and result.cancel_at >= result.t_send
+
+
+def test_cancel_after_t_ms_even_without_data(server: FakeServer) -> None:
+    result = run(StreamClient(server.url), "stall", cancel_after_s=0.1)
+    assert result.outcome == "cancelled" and result.chunks == 0
+    assert result.cancel_at is not None
+    assert 0.1 <= result.cancel_at - result.t_send < 0.5
+
+
+def test_connection_refused_is_an_error_not_an_exception() -> None:
+    with fake_server() as srv:
+        url = srv.url
+    result = run(StreamClient(url), "ok")
+    assert (result.outcome, result.error_code) == ("error", "connect_failed")
+
+
+def test_killed_greenlet_still_fills_its_result(server: FakeServer) -> None:
+    result = StreamResult(request_id="k", t_send=0.0)
+    request = StreamRequest("/v1/chat/completions", b"{}", {"X-Fake": "stall"}, timeout_s=5)
+    worker = gevent.spawn(StreamClient(server.url).stream, request, result)
+    gevent.sleep(0.05)
+    worker.kill(block=True)
+    assert (result.outcome, result.error_code) == ("cancelled", "user_stopped")
+
+
+@pytest.mark.parametrize(
+    ("script", "outcome"),
+    [("ok", "ok"), ("drop", "disconnected"), ("malformed_json", "protocol_error")],
+)
+def test_reading_in_the_greenlet_when_no_event_loop_callback_is_possible(
+    server: FakeServer, script: str, outcome: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # TLS connections read in the request's greenlet; plain ones are forced to here.
+    monkeypatch.setattr(Connection, "can_watch", property(lambda _self: False))
+    result = run(StreamClient(server.url), script)
+    assert result.outcome == outcome
+    if outcome == "ok":
+        assert result.chunks == 5 and len(result.gaps) == 4 and result.completion_tokens == 6
+    cancelled = run(StreamClient(server.url), "slow_tokens", cancel_after_chunks=2)
+    assert cancelled.outcome == "cancelled" and cancelled.chunks == 2
+
+
+def test_timeout_mid_stream_keeps_what_arrived(server: FakeServer) -> None:
+    result = run(StreamClient(server.url), "slow_tokens", timeout_s=0.15)
+    assert result.outcome == "timeout" and result.chunks > 0
+    assert result.ttft_s is not None and result.ttft_s < 0.15
+
+
+def test_killed_mid_stream_still_fills_its_result(server: FakeServer) -> None:
+    result = StreamResult(request_id="k", t_send=0.0)
+    request = StreamRequest("/v1/chat/completions", b"{}", {"X-Fake": "slow_tokens"}, timeout_s=5)
+    worker = gevent.spawn(StreamClient(server.url).stream, request, result)
+    gevent.sleep(0.1)
+    worker.kill(block=True)
+    assert (result.outcome, result.error_code) == ("cancelled", "user_stopped")
+    assert result.chunks > 0
+
+
+def test_idle_connection_closed_by_the_server_is_not_reused(server: FakeServer) -> None:
+    client = StreamClient(server.url)
+    assert run(client, "ok").outcome == "ok"
+    (still_open,) = client._idle
+    assert not still_open.peer_closed()
+    assert run(client, "ok_then_close").outcome == "ok"
+    gevent.sleep(0.05)
+    (closed,) = client._idle
+    assert closed.peer_closed()
+    assert run(client, "ok").outcome == "ok"
+    assert client._idle and client._idle[0] is not closed
+
+
+def test_request_racing_the_servers_close_is_sent_again_on_a_new_connection(
+    server: FakeServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client = StreamClient(server.url)
+    assert run(client, "ok_then_close").outcome == "ok"
+    gevent.sleep(0.05)
+    monkeypatch.setattr(Connection, "peer_closed", lambda _self: False)  # lose the race
+    result = run(client, "ok")
+    assert result.outcome == "ok" and result.chunks == 5

@@ -1,0 +1,181 @@
+"""Load shapes driven by a fake clock: each ends by itself and records what it did."""
+
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+from typing import Any
+
+import gevent
+import pytest
+from locust import User, constant, task
+from locust.env import Environment
+
+from workloads.client import StreamResult
+from workloads.records import RequestMeta, build_record, install_record_hook
+from workloads.shapes import PeakTroughShape, RecordingShape, SoakShape, StepRampShape
+
+
+class Online(User):
+    traffic_class = "short_qa"
+    wait_time = constant(0.5)
+
+    @task
+    def idle(self) -> None:
+        """No traffic: these tests only count users."""
+
+
+class Offline(Online):
+    traffic_class = "batch"
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def attach(shape: RecordingShape) -> tuple[FakeClock, Environment]:
+    clock = FakeClock()
+    env = Environment(user_classes=[Online, Offline])
+    shape.get_run_time = clock  # type: ignore[method-assign]
+    shape.runner = SimpleNamespace(environment=env)  # type: ignore[assignment]
+    return clock, env
+
+
+def drive(shape: RecordingShape, clock: FakeClock, until_s: float) -> list[Any]:
+    ticks = []
+    while clock.t <= until_s:
+        tick = shape.tick()
+        ticks.append(tick)
+        if tick is None:
+            break
+        clock.t += 1.0
+    return ticks
+
+
+def fire(env: Environment, shape: RecordingShape, outcome: str, count: int) -> None:
+    meta = RequestMeta("batch", "batchco", "batch", None, 8, 8, "batch")
+    for _ in range(count):
+        result = StreamResult(request_id="r", t_send=shape.now_epoch() + 0.25, outcome=outcome)
+        install_record_hook(env).fire(record=build_record(meta, result))
+
+
+def test_step_ramp_stops_after_rejections_start_and_records_the_load() -> None:
+    shape = type("Ramp", (StepRampShape,), {"step_s": 10, "overload_steps": 1})()
+    clock, env = attach(shape)
+    while True:
+        tick = shape.tick()
+        if tick is None:
+            break
+        users = tick[0]
+        # The server rejects 10 % of requests from 40 users on, and never times out.
+        fire(env, shape, "ok", 30)
+        fire(env, shape, "rejected", 4 if users >= 40 else 0)
+        clock.t += 1.0
+        assert clock.t < 200, "the ramp never stopped"
+    assert shape.finished and shape.stop_reason == "rejections"
+    assert shape.rejection_started_users == 40 and shape.timeouts_started_users is None
+    assert [s["users"] for s in shape.steps] == [10, 20, 30, 40, 50]
+    assert [p["name"] for p in shape.phases] == [f"step_{i}" for i in range(5)]
+    assert all(p["t1"] is not None and p["t1"] > p["t0"] > 1e9 for p in shape.phases)
+    assert shape.tick() is None
+
+
+def test_step_ramp_stops_at_once_when_timeouts_start() -> None:
+    shape = type("Ramp", (StepRampShape,), {"step_s": 5, "min_requests": 5})()
+    clock, env = attach(shape)
+    for _ in range(100):
+        tick = shape.tick()
+        if tick is None:
+            break
+        fire(env, shape, "ok", 10)
+        if tick[0] >= 30:
+            fire(env, shape, "timeout", 1)
+        clock.t += 1.0
+    assert shape.stop_reason == "timeouts" and shape.timeouts_started_users == 30
+    assert shape.rejection_started_users is None
+
+
+def test_step_ramp_ends_at_max_users_without_trouble() -> None:
+    shape = type("Ramp", (StepRampShape,), {"step_s": 2, "max_users": 35})()
+    clock, _env = attach(shape)
+    ticks = drive(shape, clock, 100)
+    assert ticks[-1] is None and shape.stop_reason == "max_users"
+    assert max(t[0] for t in ticks if t) == 35
+    assert shape.rejection_started_users is None
+
+
+def test_soak_ramps_holds_cools_down_and_ends() -> None:
+    shape = type("Soak", (SoakShape,), {"users": 20, "spawn_rate": 10, "duration_s": 10})
+    shape = type("Soak", (shape,), {"cooldown_s": 3})()
+    clock, _env = attach(shape)
+    ticks = drive(shape, clock, 100)
+    assert ticks[-1] is None and clock.t == 13
+    assert ticks[:-1] == [(20, 10)] * 10 + [(0, 10)] * 3
+    assert [p["name"] for p in shape.phases] == ["ramp", "soak", "cooldown"]
+    assert shape.phases[1]["t0"] - shape.phases[0]["t0"] == pytest.approx(2.0)
+
+
+def test_peak_trough_moves_batch_users_opposite_to_online_ones() -> None:
+    shape = type(
+        "PT",
+        (PeakTroughShape,),
+        {"peak_s": 4, "trough_s": 4, "cycles": 2, "spawn_rate": 5, "peak_users": 8},
+    )()
+    shape.trough_users, shape.trough_batch_users = 3, 5  # type: ignore[misc]
+    clock, _env = attach(shape)
+    ticks = drive(shape, clock, 100)
+    assert ticks[-1] is None and clock.t == 16
+    assert ticks[:-1] == [
+        (8, 5, [Online]),  # peak: online only
+        (8, 5, [Online]),
+        (8, 5, [Online]),
+        (8, 5, [Online]),
+        (3, 5, [Online]),  # trough: fewer online users, then batch users on top
+        (8, 5, [Offline]),
+        (8, 5, [Offline]),
+        (8, 5, [Offline]),
+        (3, 5, [Offline]),  # peak: the batch users (started last) stop first
+        (8, 5, [Online]),
+        (8, 5, [Online]),
+        (8, 5, [Online]),
+        (3, 5, [Online]),
+        (8, 5, [Offline]),
+        (8, 5, [Offline]),
+        (8, 5, [Offline]),
+    ]
+    assert [p["name"] for p in shape.phases] == ["peak", "trough", "peak", "trough"]
+
+
+def test_peak_trough_moves_batch_users_in_a_real_locust_run() -> None:
+    shape = type(
+        "PT",
+        (PeakTroughShape,),
+        {
+            "peak_s": 3.0,
+            "trough_s": 3.0,
+            "cycles": 1,
+            "peak_users": 6,
+            "trough_users": 2,
+            "trough_batch_users": 4,
+            "spawn_rate": 100,
+        },
+    )()
+    env = Environment(user_classes=[Online, Offline], shape_class=shape)
+    runner = env.create_local_runner()
+    counts: list[tuple[str, dict[str, int]]] = []
+    try:
+        runner.start_shape()
+        deadline = time.monotonic() + 15
+        while runner.shape_greenlet is not None and time.monotonic() < deadline:
+            gevent.sleep(0.25)
+            if shape.phases and not shape.finished:
+                counts.append((shape.phases[-1]["name"], dict(runner.user_classes_count)))
+    finally:
+        runner.quit()
+    assert shape.finished
+    assert ("peak", {"Online": 6, "Offline": 0}) in counts
+    assert ("trough", {"Online": 2, "Offline": 4}) in counts

@@ -1,0 +1,200 @@
+"""Traffic classes: what each sends, overridable by subclassing, one record per request."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import time
+from collections.abc import Iterator
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from locust import User
+from locust.env import Environment
+
+from tests.workloads.fakes import FakeServer, fake_server
+from workloads.records import RequestRecord, install_record_hook
+from workloads.users import USER_CLASSES
+from workloads.users import base as users_base
+
+TRAFFIC_CLASSES = {
+    "short_qa",
+    "long_context",
+    "long_output",
+    "shared_prefix",
+    "multi_turn",
+    "cancel_storm",
+    "tenant_burst",
+    "batch",
+}
+
+
+@pytest.fixture
+def server() -> Iterator[FakeServer]:
+    with fake_server(tokens=5) as srv:
+        yield srv
+
+
+def make_user(name: str, url: str, **overrides: Any) -> tuple[User, list[RequestRecord]]:
+    cls = type(f"Plan_{name}", (USER_CLASSES[name],), {"prompt_tokens": 16, **overrides})
+    env = Environment(user_classes=[cls], host=url)
+    records: list[RequestRecord] = []
+    install_record_hook(env).add_listener(lambda record, **_kw: records.append(record))
+    user = cls(env)
+    user.on_start()
+    return user, records
+
+
+def run_task(user: User) -> None:
+    (task,) = user.tasks
+    task(user)
+
+
+def sent(server: FakeServer) -> list[tuple[dict[str, str], dict[str, Any]]]:
+    return [(headers, json.loads(body)) for headers, body in server.requests]
+
+
+def test_registry_covers_every_traffic_class() -> None:
+    assert set(USER_CLASSES) == {
+        "short_qa_critical",
+        "short_qa_interactive",
+        "long_context",
+        "long_output",
+        "shared_prefix",
+        "multi_turn",
+        "cancel_storm",
+        "tenant_burst",
+        "batch",
+    }
+    assert {c.traffic_class for c in USER_CLASSES.values()} == TRAFFIC_CLASSES  # type: ignore[attr-defined]
+    assert USER_CLASSES["long_context"].prompt_tokens == 32_000  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("name", sorted(USER_CLASSES))
+def test_every_class_streams_with_usage_and_records_each_request(
+    server: FakeServer, name: str
+) -> None:
+    user, records = make_user(name, server.url, burst_size=3, max_tokens=32)
+    run_task(user)
+    requests = sent(server)
+    assert requests and len(records) == len(requests)
+    for headers, body in requests:
+        assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
+        assert headers["authorization"] == f"Bearer {user.api_key}"  # type: ignore[attr-defined]
+        assert headers["x-priority"] == user.priority  # type: ignore[attr-defined]
+        assert body["max_tokens"] == 32
+    for record in records:
+        assert record.traffic_class == user.traffic_class  # type: ignore[attr-defined]
+        assert record.tenant == user.tenant and record.max_tokens == 32  # type: ignore[attr-defined]
+        assert record.request_id in server.seen
+
+
+def test_overrides_change_what_is_sent(server: FakeServer) -> None:
+    user, records = make_user(
+        "short_qa_interactive",
+        server.url,
+        api_key="kvg-globex-key",
+        tenant="globex",
+        priority="batch",
+        model="other-model",
+        ignore_eos=True,
+        debug_timing=True,
+    )
+    run_task(user)
+    ((headers, body),) = sent(server)
+    assert headers["authorization"] == "Bearer kvg-globex-key"
+    assert headers["x-priority"] == "batch" and headers["x-kvgate-debug-timing"] == "1"
+    assert body["model"] == "other-model" and body["ignore_eos"] is True
+    assert (records[0].tenant, records[0].priority) == ("globex", "batch")
+
+
+def test_long_output_asks_to_ignore_eos(server: FakeServer) -> None:
+    user, _ = make_user("long_output", server.url)
+    run_task(user)
+    ((_headers, body),) = sent(server)
+    assert body["ignore_eos"] is True and body["max_tokens"] == 4096
+
+
+def test_shared_prefix_sends_public_and_private_prefix_headers(server: FakeServer) -> None:
+    user, records = make_user("shared_prefix", server.url, prefix_tokens=100)
+    for _ in range(30):
+        run_task(user)
+    publics, privates = set(), set()
+    for headers, body in sent(server):
+        assert headers["x-kvgate-prefix-tokens"] == "100"
+        system = body["messages"][0]
+        assert system["role"] == "system" and len(system["content"].split()) == 100
+        target = publics if headers.get("x-kvgate-prefix-public") == "1" else privates
+        target.add(system["content"])
+    assert 1 <= len(publics) <= 2 and 1 <= len(privates) <= 2 and not publics & privates
+    assert {r.target_prompt_tokens for r in records} == {116}
+
+
+def test_private_prefixes_differ_between_tenants(server: FakeServer) -> None:
+    contents: dict[str, set[str]] = {}
+    for _ in range(3):
+        user, _ = make_user("shared_prefix", server.url, prefix_tokens=20, public_share=0.0)
+        for _ in range(6):
+            run_task(user)
+        tenant = user.tenant  # type: ignore[attr-defined]
+        contents.setdefault(tenant, set()).update(
+            body["messages"][0]["content"] for _h, body in sent(server)[-6:]
+        )
+    assert len(contents) == 3
+    tenants = list(contents.values())
+    assert not (tenants[0] & tenants[1] or tenants[0] & tenants[2] or tenants[1] & tenants[2])
+
+
+def test_multi_turn_resends_earlier_turns(server: FakeServer) -> None:
+    user, records = make_user("multi_turn", server.url, turns=3)
+    for _ in range(4):
+        run_task(user)
+    bodies = [body for _h, body in sent(server)]
+    assert [len(b["messages"]) for b in bodies] == [1, 3, 5, 1]  # session restarts after 3
+    assert bodies[1]["messages"][:1] == bodies[0]["messages"]
+    assert bodies[1]["messages"][1] == {
+        "role": "assistant",
+        "content": " word two words word word word",
+    }
+    assert [r.target_prompt_tokens for r in records] == [16, 16 + 6 + 16, 16 + 6 + 16 + 6 + 16, 16]
+
+
+def test_cancel_storm_opens_a_burst_and_cancels_each_stream() -> None:
+    with fake_server(tokens=50, gap_s=0.01) as srv:
+        user, records = make_user("cancel_storm", srv.url, burst_size=6, cancel_after_tokens=2)
+        run_task(user)
+        assert srv.connections == 6  # concurrent: one connection per stream
+    assert len(records) == 6
+    assert all(r.outcome == "cancelled" and r.chunks == 2 and r.cancel_at for r in records)
+
+
+def test_batch_backs_off_as_retry_after_asks(server: FakeServer) -> None:
+    user, records = make_user(
+        "batch", server.url, extra_headers={"X-Fake": "reject"}, max_retry_sleep_s=0.2
+    )
+    start = time.monotonic()
+    run_task(user)
+    assert records[-1].outcome == "rejected" and records[-1].retry_after_s == 3
+    assert 0.2 <= time.monotonic() - start < 1.0  # capped at max_retry_sleep_s
+
+
+def test_missing_host_is_a_clear_error() -> None:
+    cls = type("NoHost", (USER_CLASSES["batch"],), {})
+    with pytest.raises(Exception, match="no target"):
+        cls(Environment(user_classes=[cls]))
+
+
+def test_users_on_different_workers_send_different_prompts(
+    server: FakeServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    prompts = []
+    for worker_index in (0, 1, 0):
+        # Each worker process counts its users from 0.
+        monkeypatch.setattr(users_base, "_instances", itertools.count())
+        cls = type("Plan_w", (USER_CLASSES["short_qa_interactive"],), {"prompt_tokens": 16})
+        env = Environment(user_classes=[cls], host=server.url)
+        env.runner = SimpleNamespace(worker_index=worker_index)  # type: ignore[assignment]
+        prompts.append(cls(env).user_prompt(16))  # type: ignore[attr-defined]
+    assert prompts[0] != prompts[1]
+    assert prompts[0] == prompts[2]  # reproducible

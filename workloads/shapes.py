@@ -1,0 +1,286 @@
+"""Load shapes (Locust `LoadTestShape`): step ramp until rejection, soak, peak/trough.
+
+Each is configured by class attributes (override with `type(name, (Shape,), {...})`), ends
+by itself (`tick()` returns None) and leaves what it did on the instance for the harness:
+
+- every shape: `phases: list[dict]`, each `{"name", "t0", "t1"}` in epoch seconds (`t1` is
+  None while the phase is open; the shape closes the last one when it ends) and
+  `finished: bool`.
+- `StepRampShape`: phase names `step_<i>`; `steps: list[dict]` with `index, users, t0, t1,
+  requests, rejected, timeouts` (requests counted by the step they were sent in);
+  `rejection_started_users` and `timeouts_started_users` (int | None): the target user count
+  of the first step whose rejection (timeout) share reached its threshold; `stop_reason`.
+- `SoakShape`: phases `ramp`, `soak` and, when `cooldown_s` > 0, `cooldown` (zero users).
+- `PeakTroughShape`: phases `peak` and `trough`, alternating `cycles` times; online and
+  batch classes get their own user counts per phase (by default batch users stop at the
+  peak and rise in the trough).
+
+The ramp learns rejection and timeout rates live from `environment.events.kvgate_record`.
+"""
+
+from __future__ import annotations
+
+import bisect
+import time
+from typing import Any, ClassVar
+
+from locust import LoadTestShape, User
+
+from workloads.records import RequestRecord, install_record_hook
+
+Tick = tuple[int, float] | tuple[int, float, list[type[User]] | None] | None
+
+
+class RecordingShape(LoadTestShape):
+    """Base: a clock in epoch seconds and the list of phases the shape went through."""
+
+    abstract = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.epoch_start = time.time()
+        self.phases: list[dict[str, Any]] = []
+        self.finished = False
+
+    def reset_time(self) -> None:
+        super().reset_time()
+        self.epoch_start = time.time()
+
+    def now_epoch(self) -> float:
+        return self.epoch_start + self.get_run_time()
+
+    def enter_phase(self, name: str) -> None:
+        if self.phases and self.phases[-1]["name"] == name and self.phases[-1]["t1"] is None:
+            return
+        now = self.now_epoch()
+        self._close_phase(now)
+        self.phases.append({"name": name, "t0": now, "t1": None})
+
+    def finish(self) -> None:
+        if not self.finished:
+            self._close_phase(self.now_epoch())
+            self.finished = True
+
+    def _close_phase(self, now: float) -> None:
+        if self.phases and self.phases[-1]["t1"] is None:
+            self.phases[-1]["t1"] = now
+
+
+class StepRampShape(RecordingShape):
+    """Adds `step_users` every `step_s` until the server rejects (or times out) too much.
+
+    Stops when timeouts pass `timeout_threshold`, `overload_steps` steps after rejections
+    passed `rejection_threshold` (to see whether overload turns into timeouts), at
+    `max_users` after its step, or at `max_duration_s`.
+    """
+
+    abstract = False
+    start_users: ClassVar[int] = 10
+    step_users: ClassVar[int] = 10
+    step_s: ClassVar[float] = 30.0
+    max_users: ClassVar[int] = 500
+    spawn_rate: ClassVar[float] = 10.0
+    rejection_threshold: ClassVar[float] = 0.02
+    timeout_threshold: ClassVar[float] = 0.01
+    min_requests: ClassVar[int] = 20
+    overload_steps: ClassVar[int] = 1
+    max_duration_s: ClassVar[float] = 3600.0
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.steps: list[dict[str, Any]] = []
+        self._step_starts: list[float] = []
+        self.rejection_started_users: int | None = None
+        self.timeouts_started_users: int | None = None
+        self.stop_reason: str | None = None
+        self._rejection_step: int | None = None
+        self._listening = False
+
+    def tick(self) -> Tick:
+        if self.finished:
+            return None
+        self._listen()
+        run_time = self.get_run_time()
+        index = int(run_time // self.step_s)
+        users = min(self.start_users + index * self.step_users, self.max_users)
+        self._judge()
+        reason = self._stop_reason(run_time, index)
+        if reason is not None:
+            self.stop_reason = reason
+            self.finish()
+            if self.steps:
+                self.steps[-1]["t1"] = self.phases[-1]["t1"]
+            return None
+        if index >= len(self.steps):
+            self._start_step(index, users)
+        return users, self.spawn_rate
+
+    def on_record(self, record: RequestRecord, **_kwargs: Any) -> None:
+        position = bisect.bisect_right(self._step_starts, record.t_send) - 1
+        if position < 0:
+            return  # sent before the ramp began: not load this shape applied
+        step = self.steps[position]
+        step["requests"] += 1
+        step["rejected"] += record.outcome == "rejected"
+        step["timeouts"] += record.outcome == "timeout"
+
+    def _listen(self) -> None:
+        if self._listening:
+            return
+        if self.runner is None:
+            raise RuntimeError("StepRampShape needs its Locust runner before the first tick")
+        install_record_hook(self.runner.environment).add_listener(self.on_record)
+        self._listening = True
+
+    def _start_step(self, index: int, users: int) -> None:
+        self.enter_phase(f"step_{index}")
+        t0 = self.phases[-1]["t0"]
+        if self.steps:
+            self.steps[-1]["t1"] = t0
+        self.steps.append(
+            {
+                "index": index,
+                "users": users,
+                "t0": t0,
+                "t1": None,
+                "requests": 0,
+                "rejected": 0,
+                "timeouts": 0,
+            }
+        )
+        self._step_starts.append(t0)
+
+    def _judge(self) -> None:
+        """Finds the first steps whose rejection / timeout shares crossed their thresholds;
+        late records can move an earlier step over, so every step is looked at again."""
+        for step in self.steps:
+            if step["requests"] < self.min_requests:
+                continue
+            if (
+                self.rejection_started_users is None
+                and step["rejected"] / step["requests"] >= self.rejection_threshold
+            ):
+                self.rejection_started_users = step["users"]
+                self._rejection_step = step["index"]
+            if (
+                self.timeouts_started_users is None
+                and step["timeouts"] / step["requests"] >= self.timeout_threshold
+            ):
+                self.timeouts_started_users = step["users"]
+
+    def _stop_reason(self, run_time: float, index: int) -> str | None:
+        if run_time >= self.max_duration_s:
+            return "max_duration"
+        if self.timeouts_started_users is not None:
+            return "timeouts"
+        if self._rejection_step is not None and index > self._rejection_step + self.overload_steps:
+            return "rejections"
+        last_index = -(-(self.max_users - self.start_users) // max(self.step_users, 1))
+        if index > max(last_index, 0):
+            return "max_users"
+        return None
+
+
+class SoakShape(RecordingShape):
+    """Ramps to `users`, holds for `duration_s` (ramp included), then `cooldown_s` at zero."""
+
+    abstract = False
+    users: ClassVar[int] = 50
+    spawn_rate: ClassVar[float] = 10.0
+    duration_s: ClassVar[float] = 1800.0
+    cooldown_s: ClassVar[float] = 0.0
+
+    def tick(self) -> Tick:
+        if self.finished:
+            return None
+        run_time = self.get_run_time()
+        ramp_s = self.users / self.spawn_rate if self.spawn_rate > 0 else 0.0
+        if run_time < min(ramp_s, self.duration_s):
+            self.enter_phase("ramp")
+        elif run_time < self.duration_s:
+            self.enter_phase("soak")
+        elif run_time < self.duration_s + self.cooldown_s:
+            self.enter_phase("cooldown")
+            return 0, self.spawn_rate
+        else:
+            self.finish()
+            return None
+        return self.users, self.spawn_rate
+
+
+class PeakTroughShape(RecordingShape):
+    """Alternates peak and trough `cycles` times. Online (non-batch) classes run
+    `peak_users` / `trough_users` users; batch classes (`traffic_class` in
+    `batch_traffic_classes`) run `peak_batch_users` / `trough_batch_users`, so the offline
+    queue's stop at the peak and resumption in the trough can be judged.
+
+    Locust's dispatcher stops the most recently started users first, so each phase change is
+    three ticks: stop the batch users, set the online count, start the batch users again.
+    """
+
+    abstract = False
+    peak_users: ClassVar[int] = 80
+    trough_users: ClassVar[int] = 30
+    peak_batch_users: ClassVar[int] = 0
+    trough_batch_users: ClassVar[int] = 30
+    peak_s: ClassVar[float] = 120.0
+    trough_s: ClassVar[float] = 120.0
+    cycles: ClassVar[int] = 2
+    spawn_rate: ClassVar[float] = 20.0
+    start_with_peak: ClassVar[bool] = True
+    batch_traffic_classes: ClassVar[tuple[str, ...]] = ("batch",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._steps: list[Tick] = []
+        self._running = (0, 0)  # (online, batch) users the last completed phase asked for
+
+    def tick(self) -> Tick:
+        if self.finished:
+            return None
+        period = self.peak_s + self.trough_s
+        run_time = self.get_run_time()
+        if run_time >= period * self.cycles:
+            self.finish()
+            return None
+        first_s = self.peak_s if self.start_with_peak else self.trough_s
+        peak = (run_time % period < first_s) == self.start_with_peak
+        name = "peak" if peak else "trough"
+        if not self.phases or self.phases[-1]["name"] != name:
+            self.enter_phase(name)
+            target = (
+                (self.peak_users, self.peak_batch_users)
+                if peak
+                else (self.trough_users, self.trough_batch_users)
+            )
+            self._steps = self._transition(self._running, target)
+            self._running = target
+        return self._steps.pop(0) if len(self._steps) > 1 else self._steps[0]
+
+    def _transition(self, now: tuple[int, int], target: tuple[int, int]) -> list[Tick]:
+        online_classes, batch_classes = self._split_classes()
+        (online_now, batch_now), (online, batch) = now, target
+        if not batch_classes:
+            return [(online, self.spawn_rate, online_classes)]
+        steps: list[Tick] = []
+        if batch_now:
+            steps.append((online_now, self.spawn_rate, batch_classes))
+        steps.append((online, self.spawn_rate, online_classes))
+        if batch:
+            steps.append((online + batch, self.spawn_rate, batch_classes))
+        return steps
+
+    def _split_classes(self) -> tuple[list[type[User]], list[type[User]]]:
+        if self.runner is None:
+            raise RuntimeError("PeakTroughShape needs its Locust runner before the first tick")
+        classes = list(self.runner.environment.user_classes)
+        batch = [
+            c for c in classes if getattr(c, "traffic_class", None) in self.batch_traffic_classes
+        ]
+        online = [c for c in classes if c not in batch]
+        if not online:
+            raise ValueError(
+                "PeakTroughShape needs at least one non-batch user class for its peaks; "
+                f"got only {[c.__name__ for c in classes]}"
+            )
+        return online, batch

@@ -1,0 +1,200 @@
+"""`KvgateUser`: the Locust user every traffic class derives from.
+
+A traffic class is a subclass whose class attributes say what it sends (tenant, key,
+priority, sizes, timing, cancellation); the harness overrides any of them for a plan with
+`type(name, (cls,), overrides)`. Requests go through the shared streaming client and leave
+as one record each through `environment.events.kvgate_record`.
+"""
+
+from __future__ import annotations
+
+import gc
+import itertools
+import json
+import random
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, ClassVar
+
+import gevent
+from gevent.pool import Group
+from locust import User, between
+from locust.env import Environment
+from locust.exception import LocustError
+
+from workloads.client import StreamClient, StreamRequest, StreamResult
+from workloads.prompts import DEFAULT_TOKENIZER_PATH, PromptGenerator, generator_for
+from workloads.records import RequestMeta, emit, install_record_hook
+
+_instances = itertools.count()
+# Young-generation collections every 700 allocations (the default) cost a streaming load
+# generator about a tenth of its CPU: every SSE chunk allocates a few dicts and lists.
+GC_GEN0_THRESHOLD = 20_000
+_gc_tuned = False
+
+
+def tune_gc() -> None:
+    """Once per process: move everything alive at start-up out of the collector's sight
+    (`gc.freeze`) and collect the young generation less often. Cycles are still collected."""
+    global _gc_tuned
+    if _gc_tuned:
+        return
+    _gc_tuned = True
+    gc.collect()
+    gc.freeze()
+    _gen0, gen1, gen2 = gc.get_threshold()
+    gc.set_threshold(GC_GEN0_THRESHOLD, gen1, gen2)
+
+
+# A burst greenlet never outlives its request's own deadline by more than this.
+_BURST_JOIN_SLACK_S = 5.0
+
+
+class KvgateUser(User):
+    """Base traffic class: one streaming chat request per task, measured and recorded.
+
+    Invariant: every call of `send` fires exactly one record, whatever the ending (also when
+    Locust kills the user mid-request).
+    """
+
+    abstract = True
+
+    traffic_class: ClassVar[str] = "short_qa"
+    label: ClassVar[str] = "kvgate"  # Locust row names: ttft:<label>, e2e:<label>
+    # Identity: plain attributes, as classes that spread users over tenants set them per user.
+    api_key: str = "kvg-acme-key"
+    api_key_name: str | None = "acme-demo"  # a name for the key, never the key
+    tenant: str = "acme"
+    priority: ClassVar[str] = "interactive"
+    model: ClassVar[str] = "llama-3-8b"
+    endpoint: ClassVar[str] = "/v1/chat/completions"
+    prompt_tokens: ClassVar[int] = 64
+    max_tokens: ClassVar[int | None] = 64
+    ignore_eos: ClassVar[bool] = False
+    timeout_s: ClassVar[float] = 60.0
+    connect_timeout_s: ClassVar[float] = 5.0
+    cancel_after_tokens: ClassVar[int | None] = None  # content chunks, see StreamRequest
+    cancel_after_ms: ClassVar[float | None] = None
+    honour_retry_after: ClassVar[bool] = False
+    max_retry_sleep_s: ClassVar[float] = 5.0
+    send_priority_header: ClassVar[bool] = True
+    debug_timing: ClassVar[bool] = False
+    extra_headers: ClassVar[dict[str, str]] = {}
+    seed: ClassVar[int] = 0
+    tokenizer_path: ClassVar[str | Path | None] = DEFAULT_TOKENIZER_PATH
+    gc_tuning: ClassVar[bool] = True  # see `tune_gc()`; False leaves the collector alone
+    wait_time = between(0.1, 1.0)
+
+    def __init__(self, environment: Environment) -> None:
+        super().__init__(environment)
+        base_url = self.host or environment.host
+        if not base_url:
+            raise LocustError(
+                f"{type(self).__name__} has no target: set its `host` (e.g. "
+                "http://127.0.0.1:8000) or pass --host"
+            )
+        install_record_hook(environment)
+        if self.gc_tuning:
+            tune_gc()
+        self.client = StreamClient(base_url)
+        self.prompts: PromptGenerator = generator_for(self.tokenizer_path)
+        self.index = next(_instances)
+        # Workers of a distributed run count users from 0 each: their Locust index keeps
+        # prompts (and so prefix-cache behaviour) distinct across workers, yet reproducible.
+        worker = max(getattr(environment.runner, "worker_index", 0), 0)
+        stream = worker * 1_000_003 + self.index
+        self.rng = random.Random(self.seed * 1_000_003 + stream)
+        self._nonces = itertools.count(stream * 1_000_000)
+
+    def on_stop(self) -> None:
+        self.client.close()
+
+    # -- building blocks for traffic classes ---------------------------------------------
+
+    def next_nonce(self) -> int:
+        return next(self._nonces)
+
+    def user_prompt(self, n_tokens: int) -> str:
+        """A prompt of `n_tokens` tokens unique to this request from its first token."""
+        return self.prompts.unique_text(n_tokens, self.seed, self.next_nonce())
+
+    def headers(self) -> dict[str, str]:
+        headers = {"Authorization": f"Bearer {self.api_key}"}
+        if self.send_priority_header:
+            headers["X-Priority"] = self.priority
+        if self.debug_timing:
+            headers["X-Kvgate-Debug-Timing"] = "1"
+        headers.update(self.extra_headers)
+        return headers
+
+    def body(self, messages: list[dict[str, str]], max_tokens: int | None) -> bytes:
+        payload: dict[str, Any] = {
+            "model": self.model,
+            "messages": messages,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        if max_tokens is not None:
+            payload["max_tokens"] = max_tokens
+        if self.ignore_eos:
+            payload["ignore_eos"] = True
+        return json.dumps(payload).encode()
+
+    def send(
+        self,
+        messages: list[dict[str, str]],
+        target_prompt_tokens: int,
+        *,
+        extra_headers: dict[str, str] | None = None,
+        keep_text: bool = False,
+    ) -> StreamResult:
+        """Sends one streaming chat request and emits its record; never raises for an ending."""
+        request_id = f"kvg-{uuid.uuid4().hex}"
+        headers = {**self.headers(), **(extra_headers or {}), "X-Request-Id": request_id}
+        cancel_ms = self.cancel_after_ms
+        request = StreamRequest(
+            path=self.endpoint,
+            body=self.body(messages, self.max_tokens),
+            headers=headers,
+            timeout_s=self.timeout_s,
+            connect_timeout_s=self.connect_timeout_s,
+            cancel_after_chunks=self.cancel_after_tokens,
+            cancel_after_s=cancel_ms / 1000.0 if cancel_ms is not None else None,
+            keep_text=keep_text,
+        )
+        result = StreamResult(request_id=request_id, t_send=0.0)
+        meta = RequestMeta(
+            traffic_class=self.traffic_class,
+            tenant=self.tenant,
+            priority=self.priority,
+            api_key_name=self.api_key_name,
+            target_prompt_tokens=target_prompt_tokens,
+            max_tokens=self.max_tokens,
+            label=self.label,
+        )
+        try:
+            self.client.stream(request, result)
+        finally:
+            emit(self.environment, meta, result)
+        if self.honour_retry_after and result.outcome == "rejected" and result.retry_after_s:
+            gevent.sleep(min(result.retry_after_s, self.max_retry_sleep_s))
+        return result
+
+    def send_prompt(self) -> StreamResult:
+        """One single-message request of `prompt_tokens` tokens."""
+        content = self.user_prompt(self.prompt_tokens)
+        return self.send([{"role": "user", "content": content}], self.prompt_tokens)
+
+    def burst(self, size: int, request: Callable[[], object]) -> None:
+        """Runs `size` requests at once, each on its own connection, and waits for all.
+
+        If the user is stopped meanwhile, the in-flight requests are killed too (each still
+        records its ending)."""
+        group = Group()
+        try:
+            for _ in range(size):
+                group.spawn(request)
+            group.join(timeout=self.timeout_s + self.connect_timeout_s + _BURST_JOIN_SLACK_S)
+        finally:
+            group.kill(block=True, timeout=_BURST_JOIN_SLACK_S)

@@ -1,0 +1,194 @@
+"""The traffic classes the seeds name (DESIGN.md section 5), one small user class each.
+
+Defaults use the demo tenants of `server/tenants.demo.yaml`; every attribute is a class
+attribute a plan may override. Sizes are in tokens of the reference tokenizer.
+"""
+
+from __future__ import annotations
+
+import zlib
+from typing import ClassVar
+
+from locust import between, constant, task
+
+from workloads.users.base import KvgateUser
+
+
+class ShortQACritical(KvgateUser):
+    """Short questions from the system tenant at critical priority (the TTFT gate's class)."""
+
+    traffic_class = "short_qa"
+    label = "short_qa_critical"
+    api_key, api_key_name, tenant, priority = "kvg-sys-key", "system-demo", "system", "critical"
+    weight = 3
+    prompt_tokens, max_tokens = 64, 64
+    timeout_s = 30.0
+
+    @task
+    def ask(self) -> None:
+        self.send_prompt()
+
+
+class ShortQAInteractive(ShortQACritical):
+    """Short questions from a customer tenant at interactive priority."""
+
+    label = "short_qa_interactive"
+    api_key, api_key_name, tenant, priority = "kvg-acme-key", "acme-demo", "acme", "interactive"
+    weight = 10
+
+
+class LongContext(KvgateUser):
+    """Long inputs (32K tokens by default) with short answers: prefill-heavy."""
+
+    traffic_class = "long_context"
+    label = "long_context"
+    api_key, api_key_name, tenant = "kvg-globex-key", "globex-demo", "globex"
+    weight = 1
+    # 32,000 + 256 stays inside the demo tenants' 32,768-token context limit.
+    prompt_tokens, max_tokens = 32_000, 256
+    timeout_s = 120.0
+    wait_time = between(1.0, 3.0)
+
+    @task
+    def read_long(self) -> None:
+        self.send_prompt()
+
+
+class LongOutput(KvgateUser):
+    """Short inputs, thousands of output tokens (`ignore_eos` forces the full length)."""
+
+    traffic_class = "long_output"
+    label = "long_output"
+    api_key, api_key_name, tenant = "kvg-initech-key", "initech-demo", "initech"
+    weight = 1
+    prompt_tokens, max_tokens = 256, 4096
+    ignore_eos = True
+    timeout_s = 300.0
+
+    @task
+    def write_long(self) -> None:
+        self.send_prompt()
+
+
+class SharedPrefix(KvgateUser):
+    """Long system prompts shared across requests: public ones by every tenant, private ones
+    per tenant. Each user instance takes one tenant of `tenant_pool` (round robin)."""
+
+    traffic_class = "shared_prefix"
+    label = "shared_prefix"
+    weight = 4
+    tenant_pool: ClassVar[tuple[tuple[str, str, str], ...]] = (
+        ("kvg-acme-key", "acme-demo", "acme"),
+        ("kvg-globex-key", "globex-demo", "globex"),
+        ("kvg-initech-key", "initech-demo", "initech"),
+    )
+    prefix_tokens: ClassVar[int] = 2048
+    public_prefixes: ClassVar[int] = 2
+    private_prefixes_per_tenant: ClassVar[int] = 2
+    public_share: ClassVar[float] = 0.5
+    prompt_tokens, max_tokens = 64, 64  # the question after the system prompt
+
+    def on_start(self) -> None:
+        if self.tenant_pool:
+            key, key_name, tenant = self.tenant_pool[self.index % len(self.tenant_pool)]
+            self.api_key, self.api_key_name, self.tenant = key, key_name, tenant
+
+    @task
+    def ask_with_system_prompt(self) -> None:
+        public = self.rng.random() < self.public_share
+        if public:
+            owner, count = "public", self.public_prefixes
+        else:
+            owner, count = f"tenant:{self.tenant}", self.private_prefixes_per_tenant
+        which = self.rng.randrange(max(count, 1))
+        prefix_seed = zlib.crc32(f"{owner}:{which}:{self.seed}".encode())
+        messages = [
+            {"role": "system", "content": self.prompts.text(self.prefix_tokens, prefix_seed)},
+            {"role": "user", "content": self.user_prompt(self.prompt_tokens)},
+        ]
+        # The first `prefix_tokens` prompt tokens lie inside the system message for any
+        # template that renders it first, so the header is right for other servers too.
+        headers = {"X-Kvgate-Prefix-Tokens": str(self.prefix_tokens)}
+        if public:
+            headers["X-Kvgate-Prefix-Public"] = "1"
+        self.send(messages, self.prefix_tokens + self.prompt_tokens, extra_headers=headers)
+
+
+class MultiTurn(KvgateUser):
+    """Chat sessions of `turns` turns; each turn resends the whole conversation so far."""
+
+    traffic_class = "multi_turn"
+    label = "multi_turn"
+    weight = 2
+    turns: ClassVar[int] = 4
+    prompt_tokens, max_tokens = 128, 128  # per turn
+    wait_time = between(0.5, 2.0)
+
+    def on_start(self) -> None:
+        self.history: list[dict[str, str]] = []
+        self.history_tokens = 0
+
+    @task
+    def next_turn(self) -> None:
+        self.history.append({"role": "user", "content": self.user_prompt(self.prompt_tokens)})
+        target = self.history_tokens + self.prompt_tokens
+        result = self.send(list(self.history), target, keep_text=True)
+        turns_done = len(self.history) // 2 + 1
+        if result.outcome != "ok" or turns_done >= self.turns:
+            self.history, self.history_tokens = [], 0
+            return
+        reply = "".join(result.text or ())
+        self.history.append({"role": "assistant", "content": reply})
+        self.history_tokens = target + (result.completion_tokens or result.chunks)
+
+
+class CancelStorm(KvgateUser):
+    """Bursts of streams that the client abandons after `cancel_after_tokens` content chunks
+    (or `cancel_after_ms`, whichever comes first): the server must release their blocks."""
+
+    traffic_class = "cancel_storm"
+    label = "cancel_storm"
+    api_key, api_key_name, tenant = "kvg-initech-key", "initech-demo", "initech"
+    weight = 1
+    burst_size: ClassVar[int] = 16
+    prompt_tokens, max_tokens = 512, 1024
+    cancel_after_tokens = 4
+    cancel_after_ms = None
+    wait_time = between(2.0, 5.0)
+
+    @task
+    def storm(self) -> None:
+        self.burst(self.burst_size, self.send_prompt)
+
+
+class TenantBurst(KvgateUser):
+    """One tenant suddenly opening `burst_size` concurrent requests (tests the tenant cap)."""
+
+    traffic_class = "tenant_burst"
+    label = "tenant_burst"
+    api_key, api_key_name, tenant = "kvg-globex-key", "globex-demo", "globex"
+    weight = 1
+    burst_size: ClassVar[int] = 48
+    prompt_tokens, max_tokens = 1024, 256
+    wait_time = between(5.0, 10.0)
+
+    @task
+    def flood(self) -> None:
+        self.burst(self.burst_size, self.send_prompt)
+
+
+class Batch(KvgateUser):
+    """Offline work: low priority, high volume, closed loop; backs off as Retry-After asks."""
+
+    traffic_class = "batch"
+    label = "batch"
+    api_key, api_key_name, tenant, priority = "kvg-batch-key", "batchco-demo", "batchco", "batch"
+    weight = 3
+    prompt_tokens, max_tokens = 512, 256
+    timeout_s = 120.0
+    honour_retry_after = True
+    wait_time = constant(0.05)
+
+    @task
+    def process_item(self) -> None:
+        self.send_prompt()
