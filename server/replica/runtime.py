@@ -1,0 +1,83 @@
+"""The composition root of one replica: builds config, tenants, tokenizer, virtual GPU, cost
+model, scheduler, event log, metrics and step loop from the command line, once."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from server.engine.gpus import get_gpu, get_model_compute
+from server.engine.sim import GIB, CostModel, VirtualGpu
+from server.metrics import ReplicaMetrics
+from server.options import load_config, target_info
+from server.replica.events import EventLog
+from server.replica.loop import StepLoop
+from server.scheduler import Scheduler
+from server.tenants import load_tenants
+from server.tokenizer import TextTokenizer
+
+INTERNAL_TOKEN_ENV = "KVGATE_INTERNAL_TOKEN"
+PARENT_PID_ENV = "KVGATE_PARENT_PID"  # set by serve: the replica exits when serve is gone
+
+
+class ReplicaRuntime:
+    """Everything a replica's handlers share. Built before the event loop serves requests;
+    must be constructed inside a running asyncio loop (the step loop's event needs one)."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.replica_id: str = args.replica_id
+        self.policy: str = args.policy
+        self.started = int(time.time())
+        self.config = load_config(args)
+        self.info = {"replica": args.replica_id, **target_info(args, self.config)}
+        self.model_name = self.config.model
+        self.tenants = load_tenants(args.tenants)
+        self.tokenizer = TextTokenizer(args.tokenizer)
+        self.internal_token = os.environ.get(INTERNAL_TOKEN_ENV, "")
+        profile = self.config.profile
+        sku = get_gpu(args.gpu)
+        # The scheduler's calibrated estimate is exact unless --kv-actual-factor says otherwise.
+        actual_per_token = self.config.bytes_per_token * args.kv_actual_factor
+        block_bytes = math.ceil(actual_per_token * self.config.block_tokens)
+        self.gpu = VirtualGpu(sku, profile, get_model_compute(profile.name), block_bytes)
+        self.cost = CostModel(sku, profile, actual_per_token)
+        self._warn_if_pool_too_big(block_bytes)
+        self.scheduler = Scheduler(
+            self.config,
+            self.tenants.quotas,
+            policy=args.policy,
+            clock=time.time,
+            device_free_bytes=self.gpu.free_after_weights(),
+        )
+        state_dir = args.state_dir or Path(tempfile.mkdtemp(prefix="kvgate-replica-"))
+        self.state_dir = Path(state_dir)
+        self.events = EventLog(self.replica_id, self.state_dir)
+        self.metrics = ReplicaMetrics()
+        self.loop = StepLoop(
+            self.scheduler,
+            self.gpu,
+            self.cost,
+            self.events,
+            args.time_scale,
+            on_lag=self.metrics.step_lag.observe,
+            on_release=self.metrics.release_latency.observe,
+        )
+        self.metrics.attach(self.scheduler, self.gpu, lambda: self.loop.stats.lag_max)
+
+    def _warn_if_pool_too_big(self, block_bytes: int) -> None:
+        if self.policy == "naive":
+            return
+        pool = self.config.pool_blocks() * block_bytes
+        fixed = self.gpu.used_bytes
+        if pool + fixed > self.gpu.total_bytes:
+            sys.stderr.write(
+                f"kvgate: warning: KV pool ({pool / GIB:.1f} GiB at actual bytes) plus weights "
+                f"and runtime ({fixed / GIB:.1f} GiB) exceed {self.gpu.sku.name}'s "
+                f"{self.gpu.total_bytes / GIB:.1f} GiB; lower kv_pool_gib or this replica "
+                f"will run out of memory\n"
+            )

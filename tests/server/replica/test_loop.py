@@ -1,0 +1,89 @@
+"""The step loop in-process: streams run to completion, cancels release at once, and a
+stream the scheduler dropped is not left hanging."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+
+from server.replica.__main__ import parse_args
+from server.replica.runtime import ReplicaRuntime
+from server.replica.streams import Stream, StreamSpec
+from server.scheduler import Outcome, Priority, SchedulerConfig, SeqRequest
+from tests.server.replica.test_streams import FakeTransport
+
+
+def _runtime(tmp_path: Path) -> ReplicaRuntime:
+    args = parse_args(["--state-dir", str(tmp_path), "--time-scale", "0.01"])
+    return ReplicaRuntime(args)
+
+
+def _submit(rt: ReplicaRuntime, rid: str, max_tokens: int) -> tuple[Stream, FakeTransport]:
+    spec = StreamSpec(
+        rid, "acme", Priority.INTERACTIVE, "chat", rt.model_name, True, False, False, 20, True
+    )
+    stream = Stream(spec, rt.tokenizer.output_json)
+    req = SeqRequest(rid, "acme", Priority.INTERACTIVE, tuple(range(100, 120)), max_tokens)
+    assert rt.loop.submit(stream, req).outcome is Outcome.ADMIT
+    transport = FakeTransport()
+    stream.attach(transport)  # type: ignore[arg-type]
+    return stream, transport
+
+
+def test_streams_run_to_completion(tmp_path: Path) -> None:
+    async def go() -> None:
+        rt = _runtime(tmp_path)
+        rt.loop.start()
+        streams = [_submit(rt, f"r{i}", 5 + i) for i in range(3)]
+        await asyncio.wait_for(asyncio.gather(*(s.wait_done() for s, _ in streams)), 10)
+        await rt.loop.stop()
+        for i, (s, t) in enumerate(streams):
+            assert s.emitted == 5 + i and t.data.count(b'"delta":{"content"') == 5 + i
+            assert t.data.endswith(b"data: [DONE]\n\n\r\n")
+        assert rt.loop.streams == {} and rt.loop.tenant_reserved == {}
+        assert rt.loop.stats.token_events == 18 and rt.loop.stats.steps > 0
+        kinds = [e for _, e in _events(rt)]
+        assert kinds.count("finished") == 3 and kinds.count("released") == 3
+
+    asyncio.run(go())
+
+
+def test_cancel_releases_now_and_sweep_cuts_dropped(tmp_path: Path) -> None:
+    async def go() -> None:
+        rt = _runtime(tmp_path)
+        kept, _ = _submit(rt, "keep", 50)
+        gone, _ = _submit(rt, "gone", 50)
+        rt.loop.cancel(gone)
+        assert gone.aborted and "gone" not in rt.loop.streams
+        assert ("gone", "released") in _events(rt)
+        kept.admitted.set_result(None)
+        rt.scheduler.cancel("keep")  # the scheduler lets go behind the loop's back
+        rt.loop._sweep()
+        assert kept.aborted and rt.loop.streams == {}
+
+    asyncio.run(go())
+
+
+def _events(rt: ReplicaRuntime) -> list[tuple[str, str]]:
+    body, _ = rt.events.read_after(-1)
+    rows = [json.loads(line) for line in body.splitlines()]
+    return [(r["request_id"], r["event"]) for r in rows]
+
+
+def test_kv_actual_factor_scales_what_the_gpu_charges(tmp_path: Path) -> None:
+    async def go() -> tuple[int, int]:
+        plain = _runtime(tmp_path / "a")
+        args = parse_args(["--state-dir", str(tmp_path / "b"), "--kv-actual-factor", "1.5"])
+        biased = ReplicaRuntime(args)
+        return plain.gpu.kv_bytes(100), biased.gpu.kv_bytes(100)
+
+    plain, biased = asyncio.run(go())
+    assert plain == 100 * _runtime_block_bytes()
+    assert biased == pytest.approx(1.5 * plain, rel=1e-4)
+
+
+def _runtime_block_bytes() -> int:
+    return SchedulerConfig().block_bytes
