@@ -251,9 +251,7 @@ class StepLoop:
         return out
 
     def _emit(self, producers: list[str]) -> list[str]:
-        t = time.time()
         plain = b"}"
-        stamped = b',"kvgate_emit_ts":%.6f}' % t
         finished = []
         streams = self.streams
         emitted = 0
@@ -261,7 +259,12 @@ class StepLoop:
             stream = streams.get(rid)
             if stream is None or stream.closed:
                 continue
-            problem = stream.emit(stamped if stream.spec.debug_timing else plain)
+            # Debug timing stamps each write, not the step: a client's TTFT error is then
+            # measured against when its own chunk left, not against the step's first write.
+            if stream.spec.debug_timing:
+                problem = stream.emit(b',"kvgate_emit_ts":%.6f}' % time.time())
+            else:
+                problem = stream.emit(plain)
             emitted += 1
             if problem is not None:
                 self.cancel(stream, problem)
