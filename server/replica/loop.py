@@ -22,6 +22,8 @@ from server.replica.events import EventLog
 from server.replica.streams import Stream
 from server.scheduler import Admission, Scheduler, SeqRequest, SeqState, StepPlan
 
+IDLE_WORK = StepWork(prefill_tokens=0, decode_seqs=0, decode_context_tokens=0, sampled_seqs=0)
+
 IDLE_TICK_S = 0.05  # with nothing runnable, still look at the queue (deadlines) this often
 LAG_WINDOW = 4096  # recent step lags kept for /debug/steps
 REANCHOR_LAG_S = 1.0
@@ -167,6 +169,13 @@ class StepLoop:
                 self._t_model = None  # idle: the model's clock restarts with the next step
                 self.scheduler.commit(plan)
                 self._log_events()
+                # An idle GPU holds no activations: account memory now, or the last busy
+                # step's workspace would look like memory that never came back.
+                stats = self.scheduler.stats()
+                try:
+                    self.gpu.run_step(IDLE_WORK, stats.pool_used_blocks, stats.fragmentation)
+                except CudaOutOfMemory as exc:
+                    self._die_oom(exc)
                 self._wake.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), IDLE_TICK_S)

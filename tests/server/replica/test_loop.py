@@ -87,3 +87,24 @@ def test_kv_actual_factor_scales_what_the_gpu_charges(tmp_path: Path) -> None:
 
 def _runtime_block_bytes() -> int:
     return SchedulerConfig().block_bytes
+
+
+def test_idle_gpu_holds_no_activations(tmp_path: Path) -> None:
+    """After load the virtual GPU goes back to weights + runtime: the last busy step's
+    workspace must not linger as memory that never came back."""
+
+    async def go() -> None:
+        rt = _runtime(tmp_path)
+        idle = rt.loop.gpu.used_bytes
+        rt.loop.start()
+        streams = [_submit(rt, f"m{i}", 8) for i in range(4)]
+        await asyncio.wait_for(asyncio.gather(*(s.wait_done() for s, _ in streams)), 10)
+        busy_peak_seen = rt.loop.gpu.by_category()
+        await asyncio.sleep(0.2)  # a few idle ticks
+        after = rt.loop.gpu.by_category()
+        await rt.loop.stop()
+        assert busy_peak_seen["weights"] == after["weights"]
+        assert after["activations"] == 0 and after["kv_cache"] == 0
+        assert rt.loop.gpu.used_bytes == idle
+
+    asyncio.run(go())
