@@ -1,8 +1,11 @@
 """The gate evaluator: metrics -> statistics -> per-gate status -> the run's verdict.
 
-A run is INVALID when its load generator hit the CPU warning, its simulator lagged beyond
-the bound, or a key gate has no data; otherwise any failing key gate (or a weighted score
-below the file's floor) fails it, and anything short of all-PASS is MARGINAL.
+A key gate that fails on something other than a latency (an OOM, a tenant over its cap)
+fails the run outright: no lagging load generator or missing data elsewhere makes that
+breach less real. Otherwise a run is INVALID when its load generator hit the CPU warning,
+its simulator lagged beyond the bound, or a key gate has no data; then any failing key gate
+(or a weighted score below the file's floor) fails it, and anything short of all-PASS is
+MARGINAL.
 """
 
 from __future__ import annotations
@@ -53,7 +56,9 @@ def evaluate(run: RunData, gate_file: GateFile, gates_path: str = "builtin") -> 
     problems = run_problems(run.meta)
     total_weight = sum(g.weight for g in results)
     score = sum(SCORE[g.status] * g.weight for g in results) / total_weight
-    if problems or any(g.key and g.status == Status.INVALID for g in results):
+    if any(g.key and g.status == Status.FAIL and g.unit != "s" for g in results):
+        status = Status.FAIL
+    elif problems or any(g.key and g.status == Status.INVALID for g in results):
         status = Status.INVALID
     elif (
         any(g.key and g.status == Status.FAIL for g in results)

@@ -133,6 +133,30 @@ def test_oom_row_fails_gate_1(judge: Judge) -> None:
     assert result.evidence[0]["replica"] == "r1" and result.first_breach_t == 1_000_050.0
 
 
+def test_an_oom_fails_the_run_even_when_other_key_gates_lack_data(judge: Judge) -> None:
+    """Every replica died, so nothing was cancelled and released: that gate has no data, but
+    an OOM is a breach no missing data can excuse (naive policy under long context)."""
+    b = (
+        RunBuilder()
+        .request("a", ttft_s=0.1)
+        .event("admitted", 20, request_id="a")
+        .event("oom", 50, replica="r0", reason="CUDA OOM")
+    )
+    b.meta["cpu_warning"] = True
+    verdict = judge(b)
+    assert gate(verdict, "cancel_release_p99").status == Status.INVALID
+    assert verdict.status == Status.FAIL and verdict.exit_code == 3
+
+
+def test_a_latency_failure_in_an_invalid_run_stays_invalid(judge: Judge) -> None:
+    """A slow release measured while the load generator was starved proves nothing."""
+    b = cancelled_run([0.2, 0.3, 3.0])
+    b.meta["cpu_warning"] = True
+    verdict = judge(b)
+    assert gate(verdict, "cancel_release_p99").status == Status.FAIL
+    assert verdict.status == Status.INVALID
+
+
 def test_oom_signals_from_deaths_and_counters_and_the_window(judge: Judge) -> None:
     died = RunBuilder().event("replica_died", 50, reason="exit 1: CUDA out of memory")
     assert gate(judge(died), "no_oom_in_stress").status == Status.FAIL
