@@ -144,6 +144,9 @@ def _release_from_histogram(run: RunData, flt: GateFilter) -> Observations:
     return Observations(frame=frame, n_samples=len(values), notes=[note])
 
 
+NOT_A_PREEMPTION_FATE = ("replica_failed", "user_stopped")
+
+
 @metric("preempted_completion", filters=("priority", "tenant", "window"), unit="fraction")
 def preempted_completion(run: RunData, flt: GateFilter, params: Mapping[str, Any]) -> Observations:
     """1 per preempted request that still finished ok, else 0 (client cancels excluded)."""
@@ -155,14 +158,25 @@ def preempted_completion(run: RunData, flt: GateFilter, params: Mapping[str, Any
         return Observations.none("no request was preempted, so their fate cannot be judged")
     rows = run.requests[isin(run.requests["request_id"], preempted)]
     rows = rows[rows["cancel_at"].isna()]
+    # A request whose replica was killed under it, or that was still running when the load
+    # stopped, never had its chance to finish: that is gate 8's business (or the run's end),
+    # not evidence of starvation after preemption.
+    cut_short = rows["error_code"].isin(NOT_A_PREEMPTION_FATE)
+    rows = rows[~cut_short]
     if rows.empty:
         return Observations.none(
-            "the preempted requests have no client record (or the client cancelled them)"
+            "the preempted requests have no client record (or the client cancelled them, "
+            "their replica was killed, or the run ended under them)"
         )
     completed = rows["outcome"].eq("ok").astype(float)
     frame = _evidence(rows, completed, "t_send")
     frame["detail"] = frame["detail"] + " ended " + rows["outcome"].astype(str).to_numpy()
     notes = []
+    if cut_short.any():
+        notes.append(
+            f"{int(cut_short.sum())} preempted requests left out: their replica was killed "
+            "or the run ended before they could finish"
+        )
     unknown = len(preempted) - int(isin(run.requests["request_id"], preempted).sum())
     if unknown > 0:
         notes.append(f"{unknown} preempted request ids have no client record")

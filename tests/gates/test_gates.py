@@ -203,6 +203,19 @@ def test_preempted_requests_must_complete(judge: Judge) -> None:
     assert result.evidence[0]["request_id"] == "lost"
 
 
+def test_preempted_requests_cut_short_by_a_kill_are_not_starvation(judge: Judge) -> None:
+    b = RunBuilder()
+    for i in range(99):
+        b.request(f"p{i}").event("preempted", 30, request_id=f"p{i}")
+    b.request("killed", outcome="error", error_code="replica_failed")
+    b.event("preempted", 30, request_id="killed")
+    b.request("ended", outcome="cancelled", error_code="user_stopped")
+    b.event("preempted", 30, request_id="ended")
+    result = gate(judge(b), "preempted_complete")
+    assert result.status == Status.PASS and result.n_samples == 99
+    assert any("2 preempted requests left out" in n for n in result.notes)
+
+
 def test_memory_must_return_to_idle(judge: Judge) -> None:
     def run(after: float) -> RunBuilder:
         b = RunBuilder().sample("kvgate_pool_blocks_total", 1000, 5)
