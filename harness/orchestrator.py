@@ -1,0 +1,337 @@
+"""One run, in order: target up, samplers on, idle baseline, load with faults, idle after, teardown.
+
+`Orchestrator.run()` is the only sequence; `_teardown` always runs (Ctrl-C, errors) and
+stops what was started in reverse order: faults (their rollbacks), users, workers, the
+sampler process (after a last drain of the event log), the target. Then the JSON lines
+are compacted and meta.json gets everything a later reader needs.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import gevent
+from rich.console import Console
+
+from gates import schema
+from harness import rundir, summary
+from harness.faults import FaultScheduler, ReplicaAdmin
+from harness.loadgen import Distribution, LoadGenerator
+from harness.plan import Plan
+from harness.progress import Progress
+from harness.samplers.nvml import describe_gpus, load_pynvml
+from harness.samplers.process import SamplerConfig
+from harness.sink import RecordSink
+from harness.target import ExternalDeployment, ReferenceDeployment, RunningTarget, make_deployment
+from harness.traffic import build_shape, build_user_classes
+
+log = logging.getLogger(__name__)
+SAMPLER_STOP_TIMEOUT_S = 20.0
+
+
+@dataclass(slots=True)
+class RunResult:
+    run_dir: Path
+    status: str  # completed | interrupted | error
+    error: str | None = None
+
+
+@dataclass(slots=True)
+class Clock:
+    """Epoch timestamps of the run's edges (None until reached)."""
+
+    t_start: float = field(default_factory=time.time)
+    load_start: float | None = None
+    load_end: float | None = None
+    idle_before: tuple[float, float] | None = None
+    after_load: tuple[float, float] | None = None
+    t_end: float | None = None
+
+
+class Orchestrator:
+    """Runs one plan into one run directory. Invariant: every process it starts, it stops."""
+
+    def __init__(self, plan: Plan, run_dir: Path, layout: Distribution, console: Console) -> None:
+        self.plan = plan
+        self.run_dir = run_dir
+        self.layout = layout
+        self.console = console
+        self.clock = Clock()
+        self.requests = rundir.TableWriter(run_dir, schema.REQUESTS)
+        self.faults_writer = rundir.TableWriter(run_dir, schema.FAULTS)
+        self.sink = RecordSink(self.requests)
+        self.deployment: ReferenceDeployment | ExternalDeployment = make_deployment(plan, run_dir)
+        self.target: RunningTarget | None = None
+        self.target_meta: dict[str, Any] = {}
+        self.sampler: subprocess.Popen[bytes] | None = None
+        self.loadgen: LoadGenerator | None = None
+        self.faults: FaultScheduler | None = None
+        self.progress: Progress | None = None
+        self.shape: Any = None
+        self.gpus: list[dict[str, Any]] = []
+
+    # -- the sequence ----------------------------------------------------------------------
+
+    def run(self) -> RunResult:
+        status, error = "error", None
+        random.seed(self.plan.seed)
+        self._write_meta("running")
+        try:
+            self._start_target()
+            self._start_samplers()
+            self._start_loadgen()
+            self._idle_before()
+            self._load()
+            self._idle_after()
+            status = "completed"
+        except KeyboardInterrupt as exc:
+            status, error = "interrupted", f"interrupted ({exc or 'Ctrl-C'})"
+        except Exception as exc:
+            error = f"{type(exc).__name__}: {exc}"
+            # the whole story for whoever debugs it; meta.json keeps the one-line summary
+            (self.run_dir / "harness-error.log").write_text(traceback.format_exc())
+        finally:
+            self._teardown(status, error)
+        return RunResult(self.run_dir, status, error)
+
+    def _start_target(self) -> None:
+        self.console.print(f"kvgate: starting target ({self.plan.target.type})", highlight=False)
+        self.target = self.deployment.start()
+        self.target_meta = self.deployment.describe()
+        nvml = load_pynvml()
+        if nvml is not None:
+            self.gpus = describe_gpus(nvml)
+            if self.gpus and not self.target_meta.get("gpu_sku"):
+                self.target_meta["gpu_sku"] = self.gpus[0]["name"]
+        self.console.print(f"kvgate: target ready at {self.target.base_url}", highlight=False)
+
+    def _start_samplers(self) -> None:
+        assert self.target is not None
+        s = self.plan.samplers
+        intervals = {
+            name: (iv.interval_s if iv.enabled else 0.0)
+            for name, iv in (
+                ("nvml", s.nvml),
+                ("prometheus", s.prometheus),
+                ("events", s.events),
+                ("process", s.process),
+            )
+        }
+        reference = self.target.kind == "reference"
+        watch = {"harness": os.getpid()}
+        if self.target.gateway_pid:
+            watch["gateway"] = self.target.gateway_pid
+        config = SamplerConfig(
+            run_dir=str(self.run_dir),
+            gateway_url=self.target.base_url if reference else None,
+            replicas=self.target.replicas,
+            external_url=None if reference else self.target.base_url,
+            admin_key=self.target.admin_key,
+            state_dir=str(self.target.state_dir) if self.target.state_dir else None,
+            watch_pids=watch,
+            intervals=intervals,
+            metric_prefixes=list(s.metric_prefixes),
+            parent_pid=os.getpid(),
+            max_runtime_s=self.plan.planned_seconds() + 600.0,
+        )
+        path = self.run_dir / "sampler.json"
+        config.save(path)
+        with (self.run_dir / "sampler.log").open("ab") as out:
+            self.sampler = subprocess.Popen(
+                [sys.executable, "-m", "harness.samplers.process", str(path)],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                cwd=Path(__file__).resolve().parent.parent,
+                start_new_session=True,
+            )
+
+    def _start_loadgen(self) -> None:
+        assert self.target is not None
+        classes = build_user_classes(self.plan, self.target.base_url)
+        self.shape = build_shape(self.plan)
+        self.loadgen = LoadGenerator(
+            self.plan, classes, self.shape, self.target.base_url, self.sink, self.layout
+        )
+        self.loadgen.connect_workers()
+        if self.target.admin_key and self.plan.faults:
+            admin = ReplicaAdmin(self.target.base_url, self.target.admin_key)
+            self.faults = FaultScheduler(
+                self.plan.faults, admin, self.faults_writer, self.sink.recent_cancels
+            )
+        self.progress = Progress(
+            self.console,
+            self.sink,
+            self.run_dir / f"{schema.SAMPLES}.jsonl",
+            self.plan.planned_seconds(),
+            users=lambda: self.loadgen.users if self.loadgen else 0,
+            faults=self._faults_label,
+        )
+        self.progress.start()
+
+    def _faults_label(self) -> str:
+        if self.faults is None:
+            return "0"
+        failed = f" ({self.faults.failed} failed)" if self.faults.failed else ""
+        return f"{self.faults.fired}/{len(self.faults.faults)}{failed}"
+
+    def _idle_before(self) -> None:
+        assert self.progress is not None
+        self.progress.phase = "idle before load"
+        t0 = time.time()
+        gevent.sleep(self.plan.load.idle_before_s)
+        self.clock.idle_before = (t0, time.time()) if self.plan.load.idle_before_s else None
+
+    def _load(self) -> None:
+        assert self.loadgen is not None and self.progress is not None
+        self.progress.phase = "load"
+        self.clock.load_start = time.time()
+        if self.faults is not None:
+            self.faults.start(time.monotonic())
+        try:
+            self.loadgen.run_load(self.plan.load.duration_s)
+        finally:
+            self.clock.load_end = time.time()
+            if self.faults is not None:
+                self.faults.stop()
+
+    def _idle_after(self) -> None:
+        assert self.progress is not None
+        self.progress.phase = "idle after load"
+        t0 = time.time()
+        gevent.sleep(self.plan.load.idle_after_s)
+        self.clock.after_load = (t0, time.time()) if self.plan.load.idle_after_s else None
+
+    # -- teardown ----------------------------------------------------------------------------
+
+    def _teardown(self, status: str, error: str | None) -> None:
+        steps = (
+            ("progress", self._stop_progress),
+            ("faults", self._stop_faults),
+            ("load generator", self._stop_loadgen),
+            ("samplers", self._stop_sampler),
+            ("target", self.deployment.stop),
+            ("writers", self._close_writers),
+        )
+        for name, step in steps:
+            try:
+                step()
+            except BaseException as exc:  # keep tearing down; a second Ctrl-C included
+                log.error("stopping the %s failed: %s", name, exc)
+        self.clock.t_end = time.time()
+        counts = rundir.compact(self.run_dir)
+        self._write_meta(status, error, counts)
+
+    def _stop_progress(self) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+
+    def _stop_faults(self) -> None:
+        if self.faults is not None:
+            self.faults.stop()  # interrupts running faults: their rollbacks run now
+
+    def _stop_loadgen(self) -> None:
+        if self.loadgen is not None:
+            self.loadgen.close()
+
+    def _stop_sampler(self) -> None:
+        if self.sampler is None or self.sampler.poll() is not None:
+            return
+        self.sampler.send_signal(signal.SIGTERM)
+        try:
+            self.sampler.wait(timeout=SAMPLER_STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            self.sampler.kill()
+            self.sampler.wait(timeout=5)
+
+    def _close_writers(self) -> None:
+        self.requests.close()
+        self.faults_writer.close()
+
+    # -- meta.json ---------------------------------------------------------------------------
+
+    def _windows(self) -> dict[str, Any]:
+        c = self.clock
+        stress = [c.load_start, c.load_end] if c.load_start and c.load_end else None
+        return {
+            "stress": stress,
+            "idle_before": list(c.idle_before) if c.idle_before else None,
+            "after_load": list(c.after_load) if c.after_load else None,
+        }
+
+    def _shape_facts(self) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        start = self.clock.load_start or self.clock.t_start
+        end = self.clock.load_end or time.time()
+        phases = []
+        for phase in getattr(self.shape, "phases", None) or []:
+            t0 = float(phase["t0"])
+            t1 = float(phase["t1"]) if phase.get("t1") is not None else end  # still open
+            if t0 < 1e9:  # relative to the shape's start
+                t0, t1 = start + t0, start + t1
+            if t0 < end:
+                phases.append({"name": phase["name"], "t0": t0, "t1": min(t1, end)})
+        capacity = {
+            "rejection_started_users": getattr(self.shape, "rejection_started_users", None),
+            "timeouts_started_users": getattr(self.shape, "timeouts_started_users", None),
+        }
+        return phases, capacity
+
+    def _worker_hosts(self) -> list[dict[str, Any]]:
+        """Load-generator hosts other than this one, from the records' `worker` (host:pid)."""
+        here = summary.host_info()["hostname"]
+        names = {w.rsplit(":", 1)[0] for w in self.sink.by_worker}
+        return [{"hostname": name, "role": "worker"} for name in sorted(names - {here})]
+
+    def _write_meta(
+        self, status: str, error: str | None = None, counts: dict[str, int] | None = None
+    ) -> None:
+        samples = rundir.read_table(self.run_dir, schema.SAMPLES) if counts else None
+        lag = summary.sim_lag_ms(samples) if samples is not None else {"p99": None, "max": None}
+        phases, capacity = self._shape_facts()
+        gen = self.loadgen
+        meta: dict[str, Any] = {
+            "status": status,
+            "error": error,
+            "plan": json.loads(self.plan.model_dump_json()),
+            "target": self.target_meta or {"kind": self.plan.target.type},
+            "harness_version": summary.harness_version(),
+            "versions": summary.versions(),
+            "hosts": [summary.host_info(), *self._worker_hosts()],
+            "gpus": self.gpus,
+            "t_start": self.clock.t_start,
+            "t_end": self.clock.t_end,
+            "seed": self.plan.seed,
+            "cpu_warning": gen.cpu_warning() if gen else False,
+            "cpu_warnings": gen.cpu.warnings if gen else [],
+            "sim_lag_ms_p99": lag["p99"],
+            "sim_lag_ms_max": lag["max"],
+            "sim_lag_bound_ms": self.plan.samplers.sim_lag_bound_ms,
+            "windows": self._windows(),
+            "phases": phases,
+            "capacity": capacity,
+            "load_generator": {
+                "mode": "distributed" if self.layout.distributed else "local",
+                "processes": self.layout.processes,
+            },
+            "records": {
+                "written": self.sink.total,
+                "duplicates_dropped": self.sink.duplicates,
+                "by_worker": dict(self.sink.by_worker),
+                "by_class": dict(self.sink.by_class),
+                "outcomes": dict(self.sink.outcomes),
+                "relay": gen.collector.summary() if gen and gen.collector else None,
+            },
+            "tables": counts,
+        }
+        rundir.write_meta(self.run_dir, meta)

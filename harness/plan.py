@@ -1,0 +1,304 @@
+"""The plan: a YAML file, validated by pydantic, that says what one run does.
+
+`load_plan(path, overrides)` reads the YAML, applies `--set key.path=value` overrides and
+validates; every problem is raised as one `PlanError` whose lines name the YAML path, the
+bad value and what is allowed, so a person can fix the file without reading this module.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+TRAFFIC_CLASSES = (
+    "short_qa_critical",
+    "short_qa_interactive",
+    "long_context",
+    "long_output",
+    "shared_prefix",
+    "multi_turn",
+    "cancel_storm",
+    "tenant_burst",
+    "batch",
+)
+POLICIES = ("seed", "vllm", "tgi", "naive")
+GPUS = ("h100-80gb", "h200-141gb", "a100-80gb")
+MODELS = ("llama-3-8b", "llama-3-70b", "qwen2.5-7b")
+SHAPES = ("constant", "step_ramp", "soak", "peak_trough")
+
+
+class PlanError(ValueError):
+    """A plan that cannot run; the message lists each problem on its own line."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ReferenceTarget(_Strict):
+    """The shipped reference deployment, started and stopped by the harness."""
+
+    type: Literal["reference"] = "reference"
+    replicas: int = Field(2, ge=1, le=8)
+    policy: Literal[POLICIES] = "seed"
+    gpu: Literal[GPUS] = "h100-80gb"
+    model: Literal[MODELS] = "llama-3-8b"
+    scheduler_config: str | None = None  # path to a scheduler YAML, relative to the plan
+    scheduler: dict[str, Any] = Field(default_factory=dict)  # inline scheduler config keys
+    tenants: str | None = None  # path to a tenants YAML, relative to the plan
+    time_scale: float | None = Field(None, gt=0)
+    kv_actual_factor: float | None = Field(None, gt=0)
+    extra_args: list[str] = Field(default_factory=list)  # passed to `server.serve` verbatim
+    startup_timeout_s: float = Field(60.0, gt=0, le=600)
+    admin_key: str = "kvg-admin-key"
+
+    @model_validator(mode="after")
+    def _one_config_source(self) -> ReferenceTarget:
+        if self.scheduler_config and self.scheduler:
+            raise ValueError(
+                "give either scheduler_config (a file) or scheduler (inline), not both"
+            )
+        return self
+
+
+class ExternalTarget(_Strict):
+    """A server someone else runs: health-checked, never started or stopped."""
+
+    type: Literal["external"] = "external"
+    url: str
+    kind: Literal["vllm", "sglang", "tgi", "openai"] = "openai"
+    api_key: str | None = None
+    model: str | None = None
+    health_path: str = "/health"
+    health_timeout_s: float = Field(30.0, gt=0, le=600)
+
+    @model_validator(mode="after")
+    def _url_scheme(self) -> ExternalTarget:
+        if not self.url.startswith(("http://", "https://")):
+            raise ValueError(f"url must start with http:// or https://, got {self.url!r}")
+        self.url = self.url.rstrip("/")
+        return self
+
+
+Target = Annotated[ReferenceTarget | ExternalTarget, Field(discriminator="type")]
+
+
+class TrafficClass(_Strict):
+    """One Locust user class of the mix: its weight (or fixed count) and attribute overrides.
+
+    The plan key names a workloads class, or anything when `base` names the class (so one
+    class can appear twice, e.g. long_context for two tenants)."""
+
+    base: Literal[TRAFFIC_CLASSES] | None = None
+    weight: int = Field(1, ge=0)
+    fixed_count: int | None = Field(None, ge=0)
+    attributes: dict[str, Any] = Field(default_factory=dict)
+
+
+class Traffic(_Strict):
+    classes: dict[str, TrafficClass] = Field(min_length=1)
+    stop_timeout_s: float = Field(20.0, ge=0, le=300)  # in-flight requests may finish this long
+
+    @model_validator(mode="after")
+    def _known_classes(self) -> Traffic:
+        for name, spec in self.classes.items():
+            if spec.base is None and name not in TRAFFIC_CLASSES:
+                raise ValueError(
+                    f"traffic class {name!r} is not one of {', '.join(TRAFFIC_CLASSES)}; "
+                    f"use one of those names, or give it `base: <one of them>`"
+                )
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+                raise ValueError(f"traffic class name {name!r}: use letters, digits and _")
+        return self
+
+
+class Load(_Strict):
+    """Shape and duration. `constant` holds `users`; the others use the workloads' shapes."""
+
+    shape: Literal[SHAPES] = "constant"
+    users: int = Field(8, ge=1, le=2000)
+    spawn_rate: float = Field(4.0, gt=0)
+    duration_s: float = Field(60.0, gt=0, le=86400)
+    shape_attributes: dict[str, Any] = Field(default_factory=dict)
+    idle_before_s: float = Field(3.0, ge=0, le=600)  # sampled before load: memory baseline
+    idle_after_s: float = Field(5.0, ge=0, le=600)  # sampled after load: does memory fall back
+
+
+class Fault(_Strict):
+    """One fault: what, when (seconds after load starts), where, and its parameters."""
+
+    kind: Literal["kill", "pause", "kill_during_storm"]
+    at_s: float = Field(ge=0)
+    replica: str = "r0"
+    restart_after_s: float = Field(5.0, ge=0, le=600)  # kill, kill_during_storm
+    duration_s: float = Field(2.0, gt=0, le=600)  # pause
+    storm_wait_s: float = Field(20.0, gt=0, le=600)  # kill_during_storm: how long to wait
+    min_cancels: int = Field(3, ge=1)  # kill_during_storm: cancellations within 2 s
+
+
+class Interval(_Strict):
+    enabled: bool = True
+    interval_s: float = Field(1.0, gt=0, le=60)
+
+
+class Samplers(_Strict):
+    nvml: Interval = Field(default_factory=lambda: Interval(interval_s=0.25))
+    prometheus: Interval = Field(default_factory=lambda: Interval(interval_s=1.0))
+    events: Interval = Field(default_factory=lambda: Interval(interval_s=0.5))
+    process: Interval = Field(default_factory=lambda: Interval(interval_s=1.0))
+    metric_prefixes: list[str] = Field(
+        default_factory=lambda: ["kvgate_", "vllm:", "sglang:", "tgi_"]
+    )
+    sim_lag_bound_ms: float = Field(250.0, gt=0)
+
+
+class Plan(_Strict):
+    name: str = Field("run", pattern=r"^[A-Za-z0-9_.-]+$")
+    seed: int = 0
+    target: Target = Field(default_factory=ReferenceTarget)
+    traffic: Traffic
+    load: Load = Field(default_factory=Load)
+    faults: list[Fault] = Field(default_factory=list)
+    samplers: Samplers = Field(default_factory=Samplers)
+    gates: str | None = None  # gate file, relative to the plan; None: the built-in gates
+    output_dir: str = "runs"
+    base_dir: str = Field(".", exclude=True)  # the plan file's folder, for relative paths
+
+    @model_validator(mode="after")
+    def _faults_fit(self) -> Plan:
+        if self.faults and self.target.type != "reference":
+            raise ValueError(
+                "faults need a reference target (the harness must own the replica processes); "
+                "remove them with --set faults=[]"
+            )
+        if isinstance(self.target, ReferenceTarget):
+            ids = {f"r{i}" for i in range(self.target.replicas)}
+            for fault in self.faults:
+                if fault.replica not in ids:
+                    raise ValueError(
+                        f"fault at {fault.at_s}s names replica {fault.replica!r}; "
+                        f"this target has {sorted(ids)}"
+                    )
+        for fault in self.faults:
+            if fault.at_s >= self.load.duration_s:
+                raise ValueError(
+                    f"fault {fault.kind!r} at {fault.at_s}s is not before the end of the load "
+                    f"({self.load.duration_s}s)"
+                )
+        return self
+
+    def resolve(self, path: str | None) -> Path | None:
+        """A path from the plan, relative to the plan file's folder."""
+        if path is None:
+            return None
+        p = Path(path).expanduser()
+        return p if p.is_absolute() else Path(self.base_dir) / p
+
+    def planned_seconds(self) -> float:
+        return self.load.idle_before_s + self.load.duration_s + self.load.idle_after_s
+
+
+def _format_errors(source: str, exc: ValidationError) -> str:
+    lines = [f"{source}: {exc.error_count()} problem(s) in the plan:"]
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err["loc"] if not str(p).startswith("function-after"))
+        where = re.sub(r"^target\.(reference|external)\b", "target", where)
+        where = where.replace(".[key]", " (key)")
+        value = err.get("input")
+        shown = repr(value) if not isinstance(value, dict) else "{...}"
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            allowed = _allowed_keys(err["loc"][:-1])
+            msg = f"unknown key; allowed keys: {', '.join(allowed)}" if allowed else msg
+        lines.append(f"  {where or '(top level)'}: {msg} (got {shown})")
+    return "\n".join(lines)
+
+
+def _allowed_keys(loc: tuple[int | str, ...]) -> list[str]:
+    """The field names of the plan model found at `loc`, for 'unknown key' messages."""
+    model: Any = Plan
+    for part in loc:
+        if part in ("reference", "external"):
+            model = ReferenceTarget if part == "reference" else ExternalTarget
+            continue
+        fields = getattr(model, "model_fields", None)
+        if fields is None or part not in fields:
+            nested = {"classes": TrafficClass, "faults": Fault}
+            model = nested.get(str(part), model)
+            continue
+        annotation = fields[part].annotation
+        model = next(
+            (
+                a
+                for a in getattr(annotation, "__args__", (annotation,))
+                if hasattr(a, "model_fields")
+            ),
+            annotation,
+        )
+    fields = getattr(model, "model_fields", {})
+    return [name for name in fields if name != "base_dir"]
+
+
+def apply_override(data: dict[str, Any], assignment: str) -> None:
+    """Set `a.b.c=value` in nested plan data; the value is parsed as YAML (`3`, `[]`, `x`)."""
+    if "=" not in assignment:
+        raise PlanError(f"--set {assignment!r}: write KEY=VALUE, e.g. --set target.policy=naive")
+    key, raw = assignment.split("=", 1)
+    parts = [p for p in key.strip().split(".") if p]
+    if not parts:
+        raise PlanError(f"--set {assignment!r}: the key is empty")
+    value = yaml.safe_load(raw) if raw.strip() else ""
+    node: Any = data
+    for i, part in enumerate(parts[:-1]):
+        if isinstance(node, list):
+            node = _list_item(node, part, parts[: i + 1])
+            continue
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        node = child
+    last = parts[-1]
+    if isinstance(node, list):
+        node[_list_index(node, last, parts)] = value
+    elif isinstance(node, dict):
+        node[last] = value
+    else:
+        raise PlanError(f"--set {assignment!r}: {'.'.join(parts[:-1])} is not a mapping")
+
+
+def _list_index(node: list[Any], part: str, path: list[str]) -> int:
+    if not part.isdigit() or int(part) >= len(node):
+        raise PlanError(f"--set: {'.'.join(path)}: index must be 0..{len(node) - 1}")
+    return int(part)
+
+
+def _list_item(node: list[Any], part: str, path: list[str]) -> Any:
+    return node[_list_index(node, part, path)]
+
+
+def load_plan(path: str | Path, overrides: list[str] | None = None) -> Plan:
+    """Read, override and validate a plan file; raises PlanError naming every problem."""
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise PlanError(f"{path}: no such plan file") from None
+    except yaml.YAMLError as exc:
+        raise PlanError(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise PlanError(f"{path}: a plan is a YAML mapping (name, target, traffic, load, ...)")
+    for assignment in overrides or []:
+        apply_override(data, assignment)
+    data["base_dir"] = str(path.resolve().parent)
+    return plan_from_dict(data, source=str(path))
+
+
+def plan_from_dict(data: dict[str, Any], source: str = "plan") -> Plan:
+    try:
+        return Plan.model_validate(data)
+    except ValidationError as exc:
+        raise PlanError(_format_errors(source, exc)) from None

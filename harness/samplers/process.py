@@ -1,0 +1,225 @@
+"""The sampler process: runs every sampler on its own interval, away from Locust's greenlets.
+
+Started by the orchestrator as `python -m harness.samplers.process CONFIG.json`. One thread
+per sampler (this process is not gevent-patched, so blocking calls are fine); it owns
+`samples.jsonl` and `server_events.jsonl`. SIGTERM/SIGINT make it drain the event log one
+last time and exit; it also exits when its parent dies or after `max_runtime_s`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import psutil
+
+from gates import schema
+from harness.rundir import TableWriter
+from harness.samplers.events import EventCollector, LifecycleMonitor, Replica, ReplicaTable
+from harness.samplers.nvml import NvmlSampler, load_pynvml
+from harness.samplers.prometheus import Endpoint, PrometheusSampler, Row, error_row
+
+log = logging.getLogger("kvgate.samplers")
+
+
+@dataclass(slots=True)
+class SamplerConfig:
+    """Everything the sampler process needs, passed as one JSON file."""
+
+    run_dir: str
+    gateway_url: str | None  # reference target: the gateway (events, admin, metrics)
+    replicas: list[dict[str, object]]  # [{"id", "url", "pid"}] from the ready file
+    external_url: str | None = None  # external target: only its /metrics
+    admin_key: str | None = None
+    state_dir: str | None = None  # the reference server's state dir (replica event files)
+    watch_pids: dict[str, int] = field(default_factory=dict)  # role -> pid (process stats)
+    intervals: dict[str, float] = field(default_factory=dict)  # nvml, prometheus, events, process
+    metric_prefixes: list[str] = field(default_factory=list)
+    parent_pid: int = 0
+    max_runtime_s: float = 3600.0
+
+    def save(self, path: Path) -> None:
+        path.write_text(json.dumps(asdict(self), indent=2))
+
+    @classmethod
+    def load(cls, path: Path) -> SamplerConfig:
+        return cls(**json.loads(path.read_text()))
+
+
+class ProcessSampler:
+    """CPU and resident memory of the target's processes and of the harness itself."""
+
+    def __init__(self, roles: Callable[[], dict[str, int]]) -> None:
+        self._roles = roles
+        self._procs: dict[int, psutil.Process] = {}
+
+    def sample(self) -> list[Row]:
+        rows: list[Row] = []
+        for role, pid in self._roles().items():
+            t = time.time()
+            try:
+                proc = self._procs.get(pid) or self._procs.setdefault(pid, psutil.Process(pid))
+                cpu = proc.cpu_percent()  # since the last call; the first call reads 0
+                rss = proc.memory_info().rss
+            except psutil.Error as exc:
+                self._procs.pop(pid, None)
+                rows.append(error_row(t, "process", str(pid), "process_error", str(exc)))
+                continue
+            labels = f"role={role}"
+            for metric, value in (("process_cpu_percent", cpu), ("process_rss_bytes", rss)):
+                rows.append(
+                    {
+                        "t": t,
+                        "source": "process",
+                        "target": str(pid),
+                        "metric": metric,
+                        "labels": labels,
+                        "value": float(value),
+                    }
+                )
+        return rows
+
+
+def oom_detector(state_dir: str | None) -> Callable[[str, int | None], bool]:
+    """Did replica `rid` die of (simulated) CUDA OOM? A replica that runs out of memory writes
+    an `oom` row to `<state-dir>/<rid>.events.jsonl` as its last act (the supervisor may add
+    a `replica_died` row after it), so look for `oom` since the replica last started."""
+
+    def is_oom(rid: str, exit_code: int | None) -> bool:
+        path = Path(state_dir) / f"{rid}.events.jsonl" if state_dir else None
+        if path is None or not path.exists() or exit_code == -signal.SIGKILL:
+            return False
+        with path.open("rb") as f:
+            f.seek(max(0, path.stat().st_size - 16384))
+            lines = f.read().splitlines()
+        for line in reversed(lines):
+            try:
+                event = json.loads(line).get("event")
+            except json.JSONDecodeError:
+                continue  # a torn line
+            if event in ("oom", "replica_started"):
+                return bool(event == "oom")
+        return False
+
+    return is_oom
+
+
+class SamplerProcess:
+    """Owns the threads and writers. Invariant: writers close only after every thread ended."""
+
+    def __init__(self, config: SamplerConfig) -> None:
+        self.config = config
+        run_dir = Path(config.run_dir)
+        self.samples = TableWriter(run_dir, schema.SAMPLES)
+        self.events = TableWriter(run_dir, schema.SERVER_EVENTS)
+        self.stop = threading.Event()
+        replicas = [
+            Replica(str(r["id"]), str(r["url"]), r.get("pid"))  # type: ignore[arg-type]
+            for r in config.replicas
+        ]
+        self.table = ReplicaTable(replicas)
+        self.collector = EventCollector(config.gateway_url) if config.gateway_url else None
+        self.lifecycle = (
+            LifecycleMonitor(
+                config.gateway_url,
+                config.admin_key or "",
+                self.table,
+                oom_detector(config.state_dir),
+            )
+            if config.gateway_url
+            else None
+        )
+
+    def _endpoints(self) -> list[Endpoint]:
+        if self.config.external_url:
+            return [Endpoint("target", self.config.external_url)]
+        gateway = [Endpoint("gateway", self.config.gateway_url)] if self.config.gateway_url else []
+        return gateway + self.table.endpoints()
+
+    def _roles(self) -> dict[str, int]:
+        roles = dict(self.config.watch_pids)
+        for replica in self.table.all():
+            if replica.pid is not None and replica.state == "running":
+                roles[f"replica:{replica.id}"] = int(replica.pid)
+        return roles
+
+    def _loops(self) -> dict[str, tuple[float, Callable[[], None]]]:
+        iv = self.config.intervals
+        loops: dict[str, tuple[float, Callable[[], None]]] = {}
+        if iv.get("nvml"):
+            nvml = NvmlSampler(load_pynvml(), self.table.pids, self.table.endpoints)
+            loops["nvml"] = (iv["nvml"], lambda: self.samples.write_many(nvml.sample()))
+        if iv.get("prometheus"):
+            prom = PrometheusSampler(self._endpoints, self.config.metric_prefixes)
+            loops["prometheus"] = (iv["prometheus"], lambda: self.samples.write_many(prom.sample()))
+        if iv.get("process"):
+            procs = ProcessSampler(self._roles)
+            loops["process"] = (iv["process"], lambda: self.samples.write_many(procs.sample()))
+        if iv.get("events") and self.lifecycle and self.collector:
+            loops["events"] = (iv["events"], self._collect_events)
+        return loops
+
+    def _collect_events(self) -> None:
+        if self.lifecycle:
+            self.events.write_many(self.lifecycle.poll())
+        if self.collector:
+            self.events.write_many(self.collector.poll())
+
+    def _run_loop(self, name: str, interval: float, tick: Callable[[], None]) -> None:
+        while not self.stop.is_set():
+            started = time.monotonic()
+            try:
+                tick()
+            except Exception as exc:  # a sampler bug must not end the others; record it
+                self.samples.write(
+                    error_row(time.time(), "harness", name, "sampler_error", repr(exc))
+                )
+            self.stop.wait(max(0.0, interval - (time.monotonic() - started)))
+
+    def _watchdog(self) -> None:
+        deadline = time.monotonic() + self.config.max_runtime_s
+        while not self.stop.wait(0.5):
+            orphaned = self.config.parent_pid and os.getppid() != self.config.parent_pid
+            if orphaned or time.monotonic() > deadline:
+                self.stop.set()
+
+    def run(self) -> None:
+        threads = [
+            threading.Thread(target=self._run_loop, args=(name, iv, tick), name=name, daemon=True)
+            for name, (iv, tick) in self._loops().items()
+        ]
+        threads.append(threading.Thread(target=self._watchdog, name="watchdog", daemon=True))
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            while thread.is_alive():
+                thread.join(timeout=0.5)
+        try:
+            self._collect_events()  # the last events: a run's end must not lose its tail
+        finally:
+            self.samples.close()
+            self.events.close()
+
+
+def main(argv: list[str]) -> int:
+    logging.basicConfig(level=logging.INFO, format="kvgate-samplers: %(message)s")
+    if len(argv) != 1:
+        print("usage: python -m harness.samplers.process CONFIG.json", file=sys.stderr)
+        return 2
+    process = SamplerProcess(SamplerConfig.load(Path(argv[0])))
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: process.stop.set())
+    process.run()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

@@ -1,0 +1,88 @@
+"""Where request records end up: one row per request id, plus the live numbers built from them.
+
+Records arrive from the local Locust users or, batched, from worker processes; either way
+they pass through `RecordSink.add`, which writes each request id once (a duplicate is
+counted, never written) and keeps a short window of recent endings for the live console
+and for the storm detector of `kill_during_storm` faults.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter, deque
+from collections.abc import Mapping
+from typing import Any
+
+from gates import schema
+from harness.rundir import TableWriter
+
+RECENT_WINDOW_S = 60.0
+REJECTED = "rejected"
+NOT_ERRORS = ("ok", "cancelled", "rejected")
+
+
+def record_row(record: Any) -> dict[str, Any]:
+    """A RequestRecord (or a dict of one) as a plain row of the requests table."""
+    if isinstance(record, Mapping):
+        return {c: record.get(c) for c in schema.REQUEST_COLUMNS}
+    return {c: getattr(record, c, None) for c in schema.REQUEST_COLUMNS}
+
+
+class RecordSink:
+    """Writes records and keeps counters. Invariant: each request_id is written at most once."""
+
+    def __init__(self, writer: TableWriter) -> None:
+        self.writer = writer
+        self._seen: set[str] = set()
+        self.duplicates = 0
+        self.outcomes: Counter[str] = Counter()
+        self.by_worker: Counter[str] = Counter()
+        self.by_class: Counter[str] = Counter()
+        # (arrival monotonic time, outcome, ttft_s) of recent endings
+        self._recent: deque[tuple[float, str, float | None]] = deque()
+
+    @property
+    def total(self) -> int:
+        return len(self._seen)
+
+    def add(self, row: Mapping[str, Any]) -> bool:
+        request_id = str(row.get("request_id"))
+        if request_id in self._seen:
+            self.duplicates += 1
+            return False
+        self._seen.add(request_id)
+        self.writer.write(row)
+        outcome = str(row.get("outcome"))
+        self.outcomes[outcome] += 1
+        self.by_worker[str(row.get("worker"))] += 1
+        self.by_class[str(row.get("traffic_class"))] += 1
+        now = time.monotonic()
+        ttft = row.get("ttft_s")
+        self._recent.append((now, outcome, float(ttft) if ttft is not None else None))
+        while self._recent and self._recent[0][0] < now - RECENT_WINDOW_S:
+            self._recent.popleft()
+        return True
+
+    def _since(self, window_s: float) -> list[tuple[float, str, float | None]]:
+        cutoff = time.monotonic() - window_s
+        return [item for item in self._recent if item[0] >= cutoff]
+
+    def recent_cancels(self, window_s: float) -> int:
+        return sum(1 for _, outcome, _ in self._since(window_s) if outcome == "cancelled")
+
+    def rate(self, window_s: float = 5.0) -> float:
+        return len(self._since(window_s)) / window_s
+
+    def ttft_p95(self, window_s: float = 30.0) -> float | None:
+        values = sorted(t for _, outcome, t in self._since(window_s) if t is not None)
+        if not values:
+            return None
+        return values[min(len(values) - 1, int(0.95 * len(values)))]
+
+    @property
+    def rejections(self) -> int:
+        return self.outcomes[REJECTED]
+
+    @property
+    def errors(self) -> int:
+        return sum(n for outcome, n in self.outcomes.items() if outcome not in NOT_ERRORS)

@@ -1,0 +1,103 @@
+"""Plan validation: errors name the YAML path, the bad value and what is allowed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from harness.plan import PlanError, ReferenceTarget, apply_override, load_plan
+
+PLANS = Path(__file__).resolve().parents[2] / "harness" / "plans"
+
+GOOD = """
+name: t
+target: {type: reference, replicas: 2, policy: seed}
+traffic:
+  classes:
+    short_qa_critical: {weight: 1}
+load: {users: 2, duration_s: 10}
+faults:
+  - {kind: kill, at_s: 5, replica: r1}
+"""
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "plan.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_a_good_plan_loads_with_defaults(tmp_path: Path) -> None:
+    plan = load_plan(write(tmp_path, GOOD))
+    assert isinstance(plan.target, ReferenceTarget)
+    assert plan.target.replicas == 2
+    assert plan.samplers.nvml.interval_s == 0.25
+    assert plan.planned_seconds() == plan.load.idle_before_s + 10 + plan.load.idle_after_s
+
+
+def test_errors_name_the_yaml_path_value_and_allowed_values(tmp_path: Path) -> None:
+    bad = GOOD.replace("policy: seed", "policy: greedy").replace("users: 2", "users: 0")
+    bad = bad.replace("short_qa_critical: {weight: 1}", "batch: {weight: 1, colour: red}")
+    with pytest.raises(PlanError) as err:
+        load_plan(write(tmp_path, bad))
+    text = str(err.value)
+    assert "target.policy: Input should be 'seed', 'vllm', 'tgi' or 'naive' (got 'greedy')" in text
+    assert "load.users:" in text and "(got 0)" in text
+    assert "traffic.classes.batch.colour: unknown key; allowed keys: base, weight" in text
+
+
+def test_unknown_traffic_class_names_the_known_ones(tmp_path: Path) -> None:
+    bad = GOOD.replace("short_qa_critical: {weight: 1}", "short_qa: {weight: 1}")
+    with pytest.raises(PlanError) as err:
+        load_plan(write(tmp_path, bad))
+    text = str(err.value)
+    assert "traffic: traffic class 'short_qa' is not one of short_qa_critical" in text
+    assert "give it `base: <one of them>`" in text
+    renamed = GOOD.replace("short_qa_critical: {weight: 1}", "qa_sys: {base: short_qa_critical}")
+    assert load_plan(write(tmp_path, renamed)).traffic.classes["qa_sys"].base == "short_qa_critical"
+
+
+def test_fault_on_a_replica_the_target_lacks_is_named(tmp_path: Path) -> None:
+    with pytest.raises(PlanError, match=r"replica 'r1'; this target has \['r0'\]"):
+        load_plan(write(tmp_path, GOOD), ["target.replicas=1"])
+
+
+def test_faults_need_a_reference_target(tmp_path: Path) -> None:
+    with pytest.raises(PlanError, match="faults need a reference target"):
+        load_plan(write(tmp_path, GOOD), ["target={type: external, url: 'http://127.0.0.1:1'}"])
+
+
+def test_set_overrides_any_field_by_dotted_path(tmp_path: Path) -> None:
+    plan = load_plan(
+        write(tmp_path, GOOD),
+        [
+            "target.policy=naive",
+            "load.users=7",
+            "faults.0.at_s=2.5",
+            "traffic.classes.batch.weight=3",
+        ],
+    )
+    assert isinstance(plan.target, ReferenceTarget) and plan.target.policy == "naive"
+    assert plan.load.users == 7 and plan.faults[0].at_s == 2.5
+    assert plan.traffic.classes["batch"].weight == 3
+
+
+def test_set_rejects_malformed_assignments() -> None:
+    with pytest.raises(PlanError, match="KEY=VALUE"):
+        apply_override({}, "target.policy")
+    with pytest.raises(PlanError, match=r"index must be 0\.\.0"):
+        apply_override({"faults": [{}]}, "faults.3.at_s=1")
+
+
+def test_not_yaml_and_missing_file_are_plan_errors(tmp_path: Path) -> None:
+    with pytest.raises(PlanError, match="no such plan file"):
+        load_plan(tmp_path / "absent.yaml")
+    with pytest.raises(PlanError, match="not valid YAML"):
+        load_plan(write(tmp_path, "a: [1,"))
+
+
+@pytest.mark.parametrize("name", ["smoke", "ci", "soak", "capacity"])
+def test_shipped_plans_validate(name: str) -> None:
+    plan = load_plan(PLANS / f"{name}.yaml")
+    assert plan.name == name

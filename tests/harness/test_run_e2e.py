@@ -1,0 +1,166 @@
+"""`kvgate run` end to end against the embedded reference deployment (processes on loopback)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import psutil
+import pytest
+
+from gates import schema
+from gates.rundir import load_run
+from harness.run_cmd import main
+
+ROOT = Path(__file__).resolve().parents[2]
+SMOKE = ROOT / "harness" / "plans" / "smoke.yaml"
+CLASSES = {
+    "short_qa",
+    "long_context",
+    "long_output",
+    "shared_prefix",
+    "multi_turn",
+    "cancel_storm",
+    "tenant_burst",
+    "batch",
+}
+
+
+def kvgate_run(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "harness.run_cmd", *args]
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+
+
+def started_pids(run_dir: Path) -> list[int]:
+    ready = json.loads((run_dir / "server" / "ready.json").read_text())
+    return [int(ready["pid"])] + [int(r["pid"]) for r in ready["replicas"]]
+
+
+def assert_all_stopped(pids: list[int]) -> None:
+    alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
+    assert not alive, f"processes the run started are still alive: {alive}"
+
+
+def wait_for_file_content(path: Path, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists() and path.stat().st_size > 0:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"{path} got no content within {timeout}s")
+
+
+@pytest.mark.e2e
+def test_smoke_plan_writes_a_complete_run_directory(tmp_path: Path) -> None:
+    run_dir = tmp_path / "smoke"
+    proc = kvgate_run(str(SMOKE), "--out", str(run_dir), timeout=90)
+    verdict = json.loads((run_dir / schema.VERDICT_FILE).read_text())
+    assert proc.returncode == verdict["exit_code"], proc.stderr[-3000:]
+    assert "kvgate: verdict" in proc.stdout and (run_dir / "report.html").exists()
+    run = load_run(run_dir)
+    assert all(run.sources[t] == "parquet" for t in schema.TABLES)
+    meta = run.meta
+    assert meta["status"] == "completed" and set(schema.META_KEYS) <= set(meta)
+    assert meta["windows"]["stress"][0] < meta["windows"]["stress"][1]
+    assert meta["target"]["kind"] == "reference" and meta["target"]["gpu_sku"] == "h100-80gb"
+    assert meta["sim_lag_ms_p99"] is not None
+    requests = run.requests
+    assert set(requests["traffic_class"]) == CLASSES
+    assert requests["request_id"].is_unique and len(requests) == meta["records"]["written"]
+    assert (requests["outcome"] == "ok").sum() > len(requests) / 2
+    events = run.server_events
+    assert {"admitted", "finished", "released"} <= set(events["event"])
+    died = events[(events["event"] == "replica_died") & (events["replica"] == "r1")]
+    assert len(died) >= 1
+    sources = set(run.samples["source"])
+    assert {"prometheus", "process"} <= sources and sources & {"nvml", "sim_gpu"}
+    [fault] = run.faults.to_dict("records")
+    assert fault["kind"] == "kill" and fault["outcome"] == "ok"
+    assert fault["rollback"].startswith("restarted")
+    assert_all_stopped(started_pids(run_dir))
+
+
+@pytest.mark.e2e
+def test_two_worker_processes_merge_into_one_run_without_loss(tmp_path: Path) -> None:
+    run_dir = tmp_path / "dist"
+    quick = ["load.duration_s=10", "load.idle_before_s=1", "load.idle_after_s=1", "faults=[]"]
+    sets = [arg for s in quick for arg in ("--set", s)]
+    proc = kvgate_run(
+        str(SMOKE), "--out", str(run_dir), "--processes", "2", "--no-gates", *sets, timeout=90
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run = load_run(run_dir)
+    relay = run.meta["records"]["relay"]
+    assert len(relay["sent"]) == 2 and all(n > 0 for n in relay["sent"].values())
+    assert relay["sent"] == relay["received"]
+    requests = run.requests
+    assert len(requests) == sum(relay["sent"].values())
+    assert requests["request_id"].is_unique
+    assert requests["worker"].nunique() == 2
+    seen_by_server = set(run.server_events["request_id"].dropna())
+    assert seen_by_server and seen_by_server <= set(requests["request_id"])
+    assert_all_stopped(started_pids(run_dir))
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["sigint", "sigterm"])
+def test_interrupt_stops_everything_and_keeps_the_partial_run(tmp_path: Path, sig: int) -> None:
+    run_dir = tmp_path / "interrupted"
+    cmd = [
+        sys.executable,
+        "-m",
+        "harness.run_cmd",
+        str(SMOKE),
+        "--out",
+        str(run_dir),
+        "--set",
+        "load.idle_before_s=0",
+    ]
+    with (tmp_path / "out.log").open("w") as log:
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            wait_for_file_content(run_dir / "requests.jsonl", timeout=40)
+            os.kill(proc.pid, sig)
+            proc.wait(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    output = (tmp_path / "out.log").read_text()
+    assert proc.returncode == 130, output[-3000:]
+    meta = json.loads((run_dir / schema.META_FILE).read_text())
+    assert meta["status"] == "interrupted"
+    assert len(pd.read_parquet(run_dir / "requests.parquet")) > 0
+    assert_all_stopped(started_pids(run_dir))
+
+
+def test_a_bad_plan_exits_2_naming_the_yaml_path(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    plan = tmp_path / "bad.yaml"
+    plan.write_text("traffic: {classes: {batch: {weight: 1}}}\nload: {shape: ramp}\n")
+    assert main([str(plan)]) == 2
+    err = capsys.readouterr().err
+    assert "load.shape: Input should be 'constant', 'step_ramp', 'soak' or 'peak_trough'" in err
+    assert main([str(SMOKE), "--set", "target.policy=greedy"]) == 2
+    assert "target.policy" in capsys.readouterr().err
+
+
+@pytest.mark.e2e
+def test_a_target_that_cannot_start_is_an_internal_error_with_its_log(tmp_path: Path) -> None:
+    run_dir = tmp_path / "broken"
+    proc = kvgate_run(
+        str(SMOKE), "--out", str(run_dir), "--set", "target.extra_args=[--no-such-flag]", timeout=60
+    )
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "the reference server exited with code" in proc.stderr
+    meta = json.loads((run_dir / schema.META_FILE).read_text())
+    assert meta["status"] == "error" and "TargetError" in meta["error"]
+    assert "TargetError" in (run_dir / "harness-error.log").read_text()
+    assert all((run_dir / f"{t}.parquet").exists() for t in schema.TABLES)

@@ -1,0 +1,56 @@
+"""Plans become Locust classes: overrides, aliases, shapes, and errors for unknown attributes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from harness.plan import load_plan, plan_from_dict
+from harness.traffic import TrafficError, build_shape, build_user_classes
+
+PLANS = Path(__file__).resolve().parents[2] / "harness" / "plans"
+
+
+def plan_with(classes: dict[str, object], **extra: object) -> object:
+    return plan_from_dict({"name": "t", "seed": 5, "traffic": {"classes": classes}, **extra})
+
+
+def test_overrides_host_seed_and_wait_time_reach_the_classes() -> None:
+    plan = plan_with(
+        {
+            "batch": {"weight": 2, "attributes": {"max_tokens": 7, "wait_time": [1, 2]}},
+            "lc_acme": {"base": "long_context", "fixed_count": 1, "attributes": {"tenant": "acme"}},
+        }
+    )
+    batch, lc = build_user_classes(plan, "http://127.0.0.1:9")  # type: ignore[arg-type]
+    assert batch.__name__ == "batch" and lc.__name__ == "lc_acme"
+    assert batch.host == "http://127.0.0.1:9" and batch.weight == 2 and batch.max_tokens == 7
+    assert batch.seed == 5 and 1 <= batch.wait_time(None) <= 2
+    assert lc.tenant == "acme" and lc.fixed_count == 1 and lc.traffic_class == "long_context"
+
+
+def test_unknown_attribute_lists_the_known_ones() -> None:
+    plan = plan_with({"batch": {"attributes": {"max_tokenz": 3}}})
+    with pytest.raises(
+        TrafficError, match=r"batch has no attribute\(s\) max_tokenz; known .*max_tokens"
+    ):
+        build_user_classes(plan, "http://x")  # type: ignore[arg-type]
+
+
+def test_shapes_get_their_attributes_and_reject_unknown_ones() -> None:
+    plan = plan_with({"batch": {}}, load={"shape": "soak", "shape_attributes": {"users": 3}})
+    shape = build_shape(plan)  # type: ignore[arg-type]
+    assert shape is not None and shape.users == 3
+    bad = plan_with({"batch": {}}, load={"shape": "soak", "shape_attributes": {"userz": 3}})
+    with pytest.raises(TrafficError, match=r"load\.shape_attributes"):
+        build_shape(bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("name", ["smoke", "ci", "soak", "capacity"])
+def test_shipped_plans_build_against_the_workloads(name: str) -> None:
+    plan = load_plan(PLANS / f"{name}.yaml")
+    classes = build_user_classes(plan, "http://127.0.0.1:9")
+    assert len(classes) == len(plan.traffic.classes)
+    assert (build_shape(plan) is None) == (plan.load.shape == "constant")
+    assert plan.planned_seconds() <= {"smoke": 60, "ci": 240}.get(name, 4000)
