@@ -4,8 +4,8 @@ A key gate that fails on something other than a latency (an OOM, a tenant over i
 fails the run outright: no lagging load generator or missing data elsewhere makes that
 breach less real. Otherwise a run is INVALID when its load generator hit the CPU warning,
 its simulator lagged beyond the bound, or a key gate has no data; then any failing key gate
-(or a weighted score below the file's floor) fails it, and anything short of all-PASS is
-MARGINAL.
+(or a weighted score of the gates that had data below the file's floor) fails it, and
+anything short of all-PASS is MARGINAL.
 """
 
 from __future__ import annotations
@@ -54,8 +54,12 @@ def evaluate(run: RunData, gate_file: GateFile, gates_path: str = "builtin") -> 
     """Judge every gate of `gate_file` over `run`; writes nothing."""
     results = [judge(run, gate) for gate in gate_file.gates]
     problems = run_problems(run.meta)
-    total_weight = sum(g.weight for g in results)
-    score = sum(SCORE[g.status] * g.weight for g in results) / total_weight
+    # The score is over the gates that could judge: a gate without data is not a failure
+    # (it makes the run INVALID when key, MARGINAL otherwise), so it must not drag the run
+    # below the floor either.
+    judged = [g for g in results if g.status != Status.INVALID]
+    total_weight = sum(g.weight for g in judged)
+    score = sum(SCORE[g.status] * g.weight for g in judged) / total_weight if judged else 0.0
     if any(g.key and g.status == Status.FAIL and g.unit != "s" for g in results):
         status = Status.FAIL
     elif problems or any(g.key and g.status == Status.INVALID for g in results):

@@ -111,6 +111,22 @@ def test_cpu_warning_makes_the_run_invalid(tmp_path: Path) -> None:
     assert "CPU warning" in verdict.run_problems[0] and "w1" in verdict.run_problems[0]
 
 
+def test_gates_without_data_do_not_drag_the_score_into_fail(tmp_path: Path) -> None:
+    """Non-key gates that had nothing to judge make the run MARGINAL (a human looks), not
+    FAIL: missing data is never a silent pass, and never a silent failure either."""
+    b = RunBuilder().request("a", ttft_s=0.1, priority="critical")
+    gates = gate_file(
+        tmp_path / "g.yaml",
+        '  - {id: t, title: T, metric: ttft, pass: "p(95) < 1", key: true}',
+        '  - {id: p, title: P, metric: preempted_completion, pass: "rate > 0.99"}',
+        '  - {id: f, title: F, metric: failover_integrity, pass: "count == 0"}',
+    )
+    verdict = evaluate(load_run(b.write(tmp_path / "run")), load_gate_file(gates))
+    assert [g.status for g in verdict.gates] == [Status.PASS, Status.INVALID, Status.INVALID]
+    assert verdict.score == 1.0
+    assert verdict.status == Status.MARGINAL and verdict.exit_code == 4
+
+
 def test_simulator_lag_beyond_bound_makes_the_run_invalid(tmp_path: Path) -> None:
     b = RunBuilder().request("a", ttft_s=0.1)
     b.meta["sim_lag_ms_p99"], b.meta["sim_lag_bound_ms"] = 80.0, 50.0
