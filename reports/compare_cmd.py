@@ -61,7 +61,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     paths = write_rollback(comparison, args.out or args.candidate)
     print(
         f"decision: {comparison.decision}"
-        + (f" to {comparison.rollback_to}" if comparison.rollback_to else "")
+        + (
+            f" to policy {comparison.baseline.get('policy')}, config {comparison.rollback_to}"
+            if comparison.rollback_to
+            else ""
+        )
     )
     for reason in comparison.reasons:
         print(f"  - {reason}")

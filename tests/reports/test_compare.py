@@ -33,7 +33,7 @@ def test_oom_candidate_against_clean_baseline_rolls_back(
     code = main([str(synthetic_runs["oom"]), str(synthetic_runs["clean"]), "--out", str(tmp_path)])
     assert code == 3
     out = capsys.readouterr().out
-    assert "decision: ROLLBACK to sha256:seed-config" in out
+    assert "decision: ROLLBACK to policy seed, config sha256:seed-config" in out
     decision = json.loads((tmp_path / "rollback.json").read_text())
     assert decision["decision"] == "ROLLBACK" and decision["exit_code"] == 3
     assert decision["rollback_to"] == "sha256:seed-config"
