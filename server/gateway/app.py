@@ -57,6 +57,7 @@ class Gateway:
             self.metrics,
             internal_token,
             self.ledger.quota_headers,
+            self.config.queue_deadline_ms / 1000,
         )
         self.admin = Admin(self.tenants, self.ledger, self.supervisor, self.metrics)
 

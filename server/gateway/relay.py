@@ -19,12 +19,17 @@ from aiohttp import web
 from server.gateway.ledger import Ledger
 from server.gateway.routing import Router
 from server.gateway.supervisor import ReplicaProc, Supervisor
+from server.gateway.watchdog import HealthProbe, Watchdog
 from server.metrics import GatewayMetrics
 from server.protocol import ApiError
 from server.replica.app import INTERNAL_TOKEN_HEADER
 from server.tenants import Identity
 
 DEATH_CONFIRM_S = 1.5  # after a broken upstream, how long to wait for the process to exit
+# A replica answers a stream's headers when it admits or rejects it, which the queue
+# deadline bounds; past it plus this slack (tokenizing, a slow step) it is not answering.
+# The same span is the silence after which the watchdog asks whether the replica is alive.
+HEADERS_SLACK_S = 5.0
 PASSED_HEADERS = ("Content-Type", "Cache-Control", "X-Request-Id", "X-Kvgate-Replica")
 FORWARDED_HEADERS = ("X-Kvgate-Prefix-Tokens", "X-Kvgate-Prefix-Public", "X-Kvgate-Debug-Timing")
 
@@ -51,6 +56,11 @@ class _UpstreamBroke(Exception):
     """The replica's connection broke mid-request (it may have died)."""
 
 
+class _UpstreamSilent(Exception):
+    """The replica sent no stream headers within the queue deadline plus slack, or went
+    silent and stopped answering its health check (the message says which)."""
+
+
 class Relay:
     """Owns the upstream HTTP session; uses the ledger, router and supervisor it is given."""
 
@@ -62,6 +72,7 @@ class Relay:
         metrics: GatewayMetrics,
         internal_token: str,
         quota_headers: Callable[[str], dict[str, str]],
+        queue_deadline_s: float,
     ) -> None:
         self._ledger = ledger
         self._router = router
@@ -69,7 +80,9 @@ class Relay:
         self._metrics = metrics
         self._token = internal_token
         self._quota_headers = quota_headers
+        self._headers_timeout_s = queue_deadline_s + HEADERS_SLACK_S
         self._session: aiohttp.ClientSession | None = None
+        self._probe: HealthProbe | None = None
 
     async def start(self) -> None:
         self._session = aiohttp.ClientSession(
@@ -77,6 +90,7 @@ class Relay:
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=5),
             auto_decompress=False,
         )
+        self._probe = HealthProbe(self._session)
 
     async def close(self) -> None:
         if self._session is not None:
@@ -100,6 +114,10 @@ class Relay:
                         retry_after_s=1,
                     ) from None
                 self._metrics.retries.inc()
+            except _UpstreamSilent as exc:
+                raise ApiError(
+                    503, "replica_failed", f"replica {rep.id} {exc}; retry", retry_after_s=1
+                ) from None
             finally:
                 self._ledger.release(r.request_id, rep.id)
 
@@ -130,7 +148,7 @@ class Relay:
     async def _forward(
         self, request: web.Request, r: Routed, rep: ReplicaProc
     ) -> web.StreamResponse:
-        assert self._session is not None
+        assert self._session is not None and self._probe is not None
         headers = {
             **r.headers,
             INTERNAL_TOKEN_HEADER: self._token,
@@ -139,35 +157,81 @@ class Relay:
             "X-Request-Id": r.request_id,
             "Content-Type": "application/json",
         }
+        # A stream's headers come at admission; a non-streaming answer's only at its end.
+        limit = asyncio.timeout(self._headers_timeout_s if r.stream else None)
+        watch = Watchdog(self._probe, rep.url + "/health", self._headers_timeout_s)
         try:
-            async with self._session.post(rep.url + r.path, data=r.body, headers=headers) as up:
-                if up.status != 200 or not r.stream:
-                    body = await up.read()
-                    out = web.Response(body=body, status=up.status, headers=self._headers(up, r))
-                    return out
-                return await self._relay_stream(request, r, rep, up)
+            with watch:
+                async with limit:
+                    watch.target = limit
+                    try:
+                        return await self._exchange(request, r, rep, headers, limit, watch)
+                    finally:
+                        watch.target = None
         except (aiohttp.ClientError, ConnectionError) as exc:
             raise _UpstreamBroke(type(exc).__name__) from None
+        except TimeoutError:
+            if not limit.expired():
+                raise
+            if watch.fired:
+                raise _UpstreamSilent("went silent and does not answer its health check") from None
+            raise _UpstreamSilent(
+                f"sent no response within {self._headers_timeout_s:g} s (queue deadline plus slack)"
+            ) from None
+
+    async def _exchange(
+        self,
+        request: web.Request,
+        r: Routed,
+        rep: ReplicaProc,
+        headers: dict[str, str],
+        limit: asyncio.Timeout,
+        watch: Watchdog,
+    ) -> web.StreamResponse:
+        assert self._session is not None
+        async with self._session.post(rep.url + r.path, data=r.body, headers=headers) as up:
+            limit.reschedule(None)  # admitted or rejected: from here the stream sets the pace
+            watch.touch()
+            if up.status != 200 or not r.stream:
+                body = await up.read()
+                return web.Response(body=body, status=up.status, headers=self._headers(up, r))
+            return await self._relay_stream(request, r, rep, up, watch)
 
     async def _relay_stream(
-        self, request: web.Request, r: Routed, rep: ReplicaProc, up: aiohttp.ClientResponse
+        self,
+        request: web.Request,
+        r: Routed,
+        rep: ReplicaProc,
+        up: aiohttp.ClientResponse,
+        watch: Watchdog,
     ) -> web.StreamResponse:
         resp = web.StreamResponse(status=200, headers=self._headers(up, r))
         chunks = up.content.iter_any().__aiter__()
+        stall = asyncio.timeout(None)  # the watchdog expires it if the replica hangs
         try:
             await resp.prepare(request)
-            while True:
+            async with stall:
+                watch.target = stall
                 try:
-                    chunk = await chunks.__anext__()
-                except StopAsyncIteration:
-                    break
-                except (aiohttp.ClientError, ConnectionError):  # the replica side broke
-                    await self._end_broken_stream(resp, rep)
-                    return resp
-                await resp.write(chunk)
+                    while True:
+                        try:
+                            chunk = await chunks.__anext__()
+                        except StopAsyncIteration:
+                            break
+                        except (aiohttp.ClientError, ConnectionError):  # the replica broke
+                            await self._end_broken_stream(resp, rep)
+                            return resp
+                        watch.touch()
+                        await resp.write(chunk)
+                finally:
+                    watch.target = None
             await resp.write_eof()
         except ConnectionResetError:
             pass  # our client left; leaving `up` closes the upstream, which cancels there
+        except TimeoutError:
+            if not stall.expired():
+                raise
+            await self._end_broken_stream(resp, rep)  # hung replica: end it as a failure
         return resp
 
     async def _end_broken_stream(self, resp: web.StreamResponse, rep: ReplicaProc) -> None:

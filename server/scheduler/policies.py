@@ -1,8 +1,9 @@
 """Scheduling policies as small strategy objects: the seed policy and three baselines
 (`naive`, `vllm`, `tgi`) behind one interface, so runs can compare them.
 
-A policy answers four questions for the scheduler: how big the pool is, in what order the
-queue is served, whether a queued sequence may start now, and whom to preempt.
+A policy answers five questions for the scheduler: how big the pool is, in what order the
+queue is served, whether a queued sequence may start now, whom to preempt, and whether
+short prompts are prefilled ahead of long ones of their class.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ class Policy:
     reserve_full = False  # commit input + max_new blocks at start
     enforce_quotas = False  # tenant quotas, priority budgets, share cap
     bounded_queue = False  # max_queued and queue deadlines
+    short_prefill_first = False  # within a class, prefill the shortest remaining prompt first
 
     def pool_blocks(self, cfg: SchedulerConfig, device_free_bytes: int | None) -> int:
         return cfg.pool_blocks()
@@ -106,6 +108,7 @@ class SeedPolicy(Policy):
     reserve_full = True
     enforce_quotas = True
     bounded_queue = True
+    short_prefill_first = True
 
     def rank(self, priority: Priority) -> int:
         return priority.rank
