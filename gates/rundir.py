@@ -17,44 +17,9 @@ import pyarrow.parquet as pq
 
 from gates import schema
 
-COLUMNS = {
-    schema.REQUESTS: schema.REQUEST_COLUMNS,
-    schema.SERVER_EVENTS: schema.SERVER_EVENT_COLUMNS,
-    schema.SAMPLES: schema.SAMPLE_COLUMNS,
-    schema.FAULTS: schema.FAULT_COLUMNS,
-}
+COLUMNS = schema.TABLE_COLUMNS
 # Columns that must be numeric whatever the source wrote (None -> NaN).
-NUMERIC = {
-    schema.REQUESTS: (
-        "t_send",
-        "ttft_s",
-        "e2e_s",
-        "itl_mean_s",
-        "itl_p50_s",
-        "itl_p99_s",
-        "itl_max_s",
-        "chunks",
-        "prompt_tokens",
-        "completion_tokens",
-        "cached_tokens",
-        "target_prompt_tokens",
-        "max_tokens",
-        "http_status",
-        "retry_after_s",
-        "cancel_at",
-    ),
-    schema.SERVER_EVENTS: (
-        "t",
-        "seq",
-        "blocks",
-        "reserved_tokens",
-        "used_tokens",
-        "pool_used_blocks",
-        "pool_total_blocks",
-    ),
-    schema.SAMPLES: ("t", "value"),
-    schema.FAULTS: ("pid", "t_start", "t_end"),
-}
+NUMERIC = schema.INT_COLUMNS | schema.FLOAT_COLUMNS
 TEXT = pd.StringDtype(na_value=np.nan)
 
 
@@ -190,9 +155,8 @@ def _conform(frame: pd.DataFrame, name: str) -> pd.DataFrame:
         extra = pd.DataFrame({c: pd.Series([None] * len(frame), dtype=object) for c in missing})
         extra.index = frame.index
         frame = pd.concat([frame, extra], axis=1)
-    numeric = set(NUMERIC[name])
     for column in COLUMNS[name]:
-        if column in numeric:
+        if column in NUMERIC:
             if frame[column].dtype != np.float64:
                 frame[column] = pd.to_numeric(frame[column], errors="coerce").astype(np.float64)
         elif frame[column].dtype != TEXT:

@@ -94,6 +94,50 @@ FAULT_COLUMNS = (
     "rollback",  # str: what the rollback did (restarted, resumed, ...)
 )
 
+TABLE_COLUMNS: dict[str, tuple[str, ...]] = {
+    REQUESTS: REQUEST_COLUMNS,
+    SERVER_EVENTS: SERVER_EVENT_COLUMNS,
+    SAMPLES: SAMPLE_COLUMNS,
+    FAULTS: FAULT_COLUMNS,
+}
+# Column types, so Parquet types never depend on the data and writer and readers agree;
+# every other column is text.
+INT_COLUMNS = frozenset(
+    {
+        "chunks",
+        "prompt_tokens",
+        "completion_tokens",
+        "cached_tokens",
+        "target_prompt_tokens",
+        "max_tokens",
+        "http_status",
+        "seq",
+        "blocks",
+        "reserved_tokens",
+        "used_tokens",
+        "pool_used_blocks",
+        "pool_total_blocks",
+        "pid",
+    }
+)
+FLOAT_COLUMNS = frozenset(
+    {
+        "t",
+        "t_send",
+        "ttft_s",
+        "e2e_s",
+        "itl_mean_s",
+        "itl_p50_s",
+        "itl_p99_s",
+        "itl_max_s",
+        "retry_after_s",
+        "cancel_at",
+        "value",
+        "t_start",
+        "t_end",
+    }
+)
+
 # meta.json keys that gates and reports rely on (all written by the harness):
 #   plan (dict), target (dict: url, kind, model, model_digest, runtime_version, gpu_sku,
 #   scheduler_config_digest, policy, replicas, config (dict of scheduler config values)),

@@ -21,44 +21,7 @@ import pandas as pd
 
 from gates import schema
 
-COLUMNS: dict[str, tuple[str, ...]] = {
-    schema.REQUESTS: schema.REQUEST_COLUMNS,
-    schema.SERVER_EVENTS: schema.SERVER_EVENT_COLUMNS,
-    schema.SAMPLES: schema.SAMPLE_COLUMNS,
-    schema.FAULTS: schema.FAULT_COLUMNS,
-}
-# Columns stored as integers (nullable) and floats, so Parquet types do not depend on the data.
-INT_COLUMNS = {
-    "chunks",
-    "prompt_tokens",
-    "completion_tokens",
-    "cached_tokens",
-    "target_prompt_tokens",
-    "max_tokens",
-    "http_status",
-    "seq",
-    "blocks",
-    "reserved_tokens",
-    "used_tokens",
-    "pool_used_blocks",
-    "pool_total_blocks",
-    "pid",
-}
-FLOAT_COLUMNS = {
-    "t",
-    "t_send",
-    "ttft_s",
-    "e2e_s",
-    "itl_mean_s",
-    "itl_p50_s",
-    "itl_p99_s",
-    "itl_max_s",
-    "retry_after_s",
-    "cancel_at",
-    "value",
-    "t_start",
-    "t_end",
-}
+COLUMNS = schema.TABLE_COLUMNS
 
 
 def _clean(value: Any) -> Any:
@@ -125,9 +88,9 @@ def table_frame(rows: list[dict[str, Any]], table: str) -> pd.DataFrame:
     columns = COLUMNS[table]
     frame = pd.DataFrame(rows, columns=list(columns))
     for col in columns:
-        if col in INT_COLUMNS:
+        if col in schema.INT_COLUMNS:
             frame[col] = pd.to_numeric(frame[col], errors="coerce").astype("Int64")
-        elif col in FLOAT_COLUMNS:
+        elif col in schema.FLOAT_COLUMNS:
             frame[col] = pd.to_numeric(frame[col], errors="coerce").astype("float64")
         else:
             frame[col] = frame[col].astype("string")
