@@ -83,22 +83,28 @@ def _save_plan(plan: Plan, run_dir: Path) -> Path:
 
 
 def _judge(run_dir: Path, plan: Plan) -> int:
-    """Gates and reports, when those packages are present; the verdict's exit code."""
+    """Gates and reports over the finished run; the verdict's exit code. A run that could not
+    be judged never exits 0: CI must not read "not judged" as "passed"."""
+    from gates.rundir import RunDirError
+    from gates.spec import GateSpecError
+
     try:
         from gates import evaluate_run
-    except ImportError:
-        print("kvgate: gates package has no evaluate_run; run not judged", file=sys.stderr)
-        return EXIT_OK
-    gates_file = plan.resolve(plan.gates)
-    verdict = evaluate_run(run_dir, gates_file=gates_file)
-    print(f"kvgate: verdict {getattr(verdict, 'status', verdict)} ({run_dir / 'verdict.json'})")
-    try:
         from reports import write_reports
-    except ImportError:
-        print("kvgate: reports package has no write_reports; no report written", file=sys.stderr)
-    else:
+
+        verdict = evaluate_run(run_dir, gates_file=plan.resolve(plan.gates))
+        print(f"kvgate: verdict {verdict.status} ({run_dir / 'verdict.json'})")
         for name, path in write_reports(run_dir).items():
             print(f"kvgate: {name}: {path}")
+    except GateSpecError as exc:
+        print(f"kvgate run: {exc}; the run is kept in {run_dir}", file=sys.stderr)
+        return EXIT_USAGE
+    except (RunDirError, OSError) as exc:
+        print(
+            f"kvgate run: could not judge {run_dir}: {exc}; fix it and run `kvgate gate {run_dir}`",
+            file=sys.stderr,
+        )
+        return EXIT_INTERNAL
     return int(verdict.exit_code)
 
 
@@ -146,17 +152,20 @@ def _sigterm_interrupts() -> None:
 def _run(plan: Plan, args: argparse.Namespace) -> int:
     from rich.console import Console
 
+    from gates.spec import GateSpecError, load_gate_file
     from harness.loadgen import Distribution
     from harness.orchestrator import Orchestrator
     from harness.traffic import TrafficError, build_shape, build_user_classes
 
     console = Console(stderr=True)
     try:
-        # the traffic must fit the workloads package before anything is started
+        # the traffic and the gates must be sound before anything is started
         build_user_classes(plan, "http://127.0.0.1")
         build_shape(plan)
+        if not args.no_gates:
+            load_gate_file(plan.resolve(plan.gates))
         run_dir = _run_dir(plan, args.out)
-    except (PlanError, TrafficError) as exc:
+    except (PlanError, TrafficError, GateSpecError) as exc:
         print(f"kvgate run: {exc}", file=sys.stderr)
         return EXIT_USAGE
     layout = Distribution(

@@ -152,6 +152,17 @@ def test_a_bad_plan_exits_2_naming_the_yaml_path(
     assert "target.policy" in capsys.readouterr().err
 
 
+def test_a_bad_gate_file_exits_2_before_anything_starts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    gates = tmp_path / "gates.yaml"
+    gates.write_text('gates:\n  - {id: x, title: X, metric: nope, pass: "count == 0"}\n')
+    out = tmp_path / "run"
+    assert main([str(SMOKE), "--set", f"gates={gates}", "--out", str(out)]) == 2
+    assert "metric 'nope' is unknown" in capsys.readouterr().err
+    assert not out.exists(), "nothing may start (or be written) for a plan that cannot be judged"
+
+
 @pytest.mark.e2e
 def test_a_target_that_cannot_start_is_an_internal_error_with_its_log(tmp_path: Path) -> None:
     run_dir = tmp_path / "broken"
