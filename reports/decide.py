@@ -31,6 +31,7 @@ from reports.compare import (
     usage_at_first_oom,
 )
 
+OOM_WEIGHT = 10
 PRIORITY_METRICS = {"ttft", "explicit_refusal", "batch_peak_trough", "tenant_pool_share"}
 RELEASE_METRICS = {
     "cancel_release_latency",
@@ -153,16 +154,19 @@ def likely_causes(
     A slowdown every priority shares is not blamed on priority rules: only a gap between
     high-priority and batch effects is.
     """
+    # A gate the candidate could not judge (its replicas died, say) is no evidence of a cause.
     new_fail = {
         g["metric"]: g
         for g in gates
-        if g["candidate"] != Status.PASS and g["baseline"] == Status.PASS
+        if g["candidate"] in (Status.FAIL, Status.MARGINAL) and g["baseline"] == Status.PASS
     }
     causes: dict[str, list[tuple[int, str]]] = {k: [] for k in CAUSES}
     causes["estimation_bias"] += _estimation_evidence(reservation)
     if "oom_events" in new_fail:
+        # Everything after an OOM (rejections while replicas restart, slow first tokens) is
+        # its consequence, so the OOM outweighs all the other signals together.
         causes["estimation_bias"].append(
-            (3, "the candidate ran out of memory: its commitments exceeded the GPU")
+            (OOM_WEIGHT, "the candidate ran out of memory: its commitments exceeded the GPU")
         )
     risen = [
         r

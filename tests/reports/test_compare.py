@@ -12,7 +12,7 @@ from gates.rundir import load_run
 from gates.spec import load_gate_file
 from reports.compare import rank_test
 from reports.compare_cmd import main
-from reports.decide import compare_runs
+from reports.decide import compare_runs, likely_causes
 from tests.gates.builder import RunBuilder
 
 
@@ -97,3 +97,50 @@ def test_compare_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     run = RunBuilder().write(tmp_path / "run")
     assert main([str(run), str(tmp_path / "missing")]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_gates_without_data_are_no_evidence_of_a_cause() -> None:
+    """A candidate whose replicas all died has no releases to measure: that gap must not
+    be read as a release defect, while the OOM it failed on points at estimation bias."""
+    gates = [
+        {
+            "id": "no_oom_in_stress",
+            "metric": "oom_events",
+            "candidate": "FAIL",
+            "baseline": "PASS",
+            "candidate_value": 4.0,
+            "threshold": "count == 0",
+        },
+        {
+            "id": "cancel_release_p99",
+            "metric": "cancel_release_latency",
+            "candidate": "INVALID",
+            "baseline": "PASS",
+            "candidate_value": None,
+            "threshold": "p(99) < 2s",
+        },
+        {
+            "id": "memory_back_to_idle",
+            "metric": "memory_return",
+            "candidate": "INVALID",
+            "baseline": "PASS",
+            "candidate_value": None,
+            "threshold": "max <= 0.05",
+        },
+    ]
+    empty = {"under_reserved": None, "over_reserved": None, "median_error": None}
+    rejections = [
+        {
+            "reason": "all",
+            "priority": "critical",
+            "rate_baseline": 0.0,
+            "rate_candidate": 0.96,
+            "change": 0.96,
+        },
+    ]
+    causes = likely_causes(gates, [], rejections, {"candidate": empty, "baseline": empty})
+    assert causes["release_defect"] == []
+    scores = {cause: sum(points for points, _ in items) for cause, items in causes.items()}
+    assert max(scores, key=lambda cause: scores[cause]) == "estimation_bias", (
+        "rejections that follow an OOM are its consequence, not a priority-rule cause"
+    )
