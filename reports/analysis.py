@@ -84,6 +84,9 @@ def gpu_memory(run: RunData) -> tuple[pd.DataFrame, float | None, str]:
         if used.empty:
             continue
         scale = 1.0 / 1024 if source == "NVML" else 1.0 / 2**30  # NVML reports MiB
+        if source == "NVML" and used["source"].eq("sim_gpu").all():
+            # The sampler's fallback: DCGM field names, but the virtual GPU's numbers.
+            source = "simulated GPU, sampled as DCGM fields"
         per_t = used.groupby(["target", "t"], sort=False)["value"].sum().reset_index()
         per_t["value"] *= scale
         total = run.samples.loc[run.samples["metric"].eq(total_name), "value"].max()

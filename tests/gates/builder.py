@@ -80,11 +80,17 @@ class RunBuilder:
         return self
 
     def sample(
-        self, metric: str, value: float, t: float, target: str = "r0", labels: str = ""
+        self,
+        metric: str,
+        value: float,
+        t: float,
+        target: str = "r0",
+        labels: str = "",
+        source: str = "prometheus",
     ) -> RunBuilder:
         row = {
             "t": T0 + t,
-            "source": "prometheus",
+            "source": source,
             "target": target,
             "metric": metric,
             "labels": labels,

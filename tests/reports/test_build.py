@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from gates.rundir import load_run
 from reports import write_reports
+from reports.analysis import gpu_memory
 from reports.cli import main
 from tests.gates.builder import RunBuilder
 
@@ -84,3 +86,20 @@ def test_a_chart_the_data_defeats_does_not_cost_the_report(
     report = json.loads(paths["json"].read_text())
     assert "could not be drawn (ValueError: bad column)" in report["charts"]["broken"]["empty"]
     assert report["charts"]["ttft"]["empty"] is None
+
+
+@pytest.mark.parametrize(
+    ("source", "label"), [("nvml", "NVML"), ("sim_gpu", "simulated GPU, sampled as DCGM fields")]
+)
+def test_gpu_memory_says_where_its_numbers_come_from(
+    tmp_path: Path, source: str, label: str
+) -> None:
+    """Without a GPU the sampler stores the virtual GPU under DCGM names; the chart must not
+    call those numbers NVML."""
+    b = RunBuilder()
+    for t in (1, 2, 3):
+        b.sample("DCGM_FI_DEV_FB_USED", 20480, t, source=source)
+    b.sample("DCGM_FI_DEV_FB_TOTAL", 81920, 1, source=source)
+    series, cap, named = gpu_memory(load_run(b.write(tmp_path / "run")))
+    assert named == label
+    assert cap == 80.0 and series["value"].max() == 20.0
