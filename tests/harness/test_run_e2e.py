@@ -20,16 +20,7 @@ from harness.run_cmd import main
 
 ROOT = Path(__file__).resolve().parents[2]
 SMOKE = ROOT / "harness" / "plans" / "smoke.yaml"
-CLASSES = {
-    "short_qa",
-    "long_context",
-    "long_output",
-    "shared_prefix",
-    "multi_turn",
-    "cancel_storm",
-    "tenant_burst",
-    "batch",
-}
+CLASSES = set(schema.TRAFFIC_CLASSES)
 
 
 def kvgate_run(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
