@@ -1,18 +1,23 @@
-"""The gate evaluator: metrics -> statistics -> per-gate status -> the run's verdict.
+"""The gate evaluator: metrics -> statistic with its interval -> per-gate status -> verdict.
 
-A key gate that fails on something other than a latency (an OOM, a tenant over its cap)
-fails the run outright: no lagging load generator or missing data elsewhere makes that
-breach less real. Otherwise a run is INVALID when its load generator hit the CPU warning,
-its simulator lagged beyond the bound, or a key gate has no data; then any failing key gate
-(or a weighted score of the gates that had data below the file's floor) fails it, and
-anything short of all-PASS is MARGINAL.
+Each gate reads its observations with confidence (gates/estimate.py): PASS only when the
+interval's pessimistic end meets the line, FAIL when the point value breaks it, otherwise
+MARGINAL (INVALID for a key gate) with the samples a conclusive judgement would need.
+
+The run's verdict, in this order (gates/README.md says the same):
+1. FAIL when a key gate fails on something other than a latency (an OOM, a tenant over its
+   cap): no lagging load generator or missing data elsewhere makes that breach less real.
+2. INVALID when the load generator hit its CPU warning, the simulator lagged beyond its
+   bound, no gate could judge at all, or a key gate has no data or too little evidence.
+3. FAIL when any key gate fails, or the weighted score of the judged gates is below the
+   file's floor.
+4. MARGINAL when any gate is not PASS; else PASS.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +25,7 @@ import numpy as np
 import pandas as pd
 
 from gates import schema
+from gates.estimate import Estimate, Reading, estimate, needs_n, read
 from gates.junit import write_junit
 from gates.metrics import REGISTRY, Observations
 from gates.rundir import RunData, load_run
@@ -27,27 +33,8 @@ from gates.spec import OPERATORS, GateFile, GateSpec, Threshold, load_gate_file
 from gates.verdict import SCORE, GateResult, Status, Verdict
 
 EVIDENCE_ROWS = 5
+NO_DATA = Estimate(math.nan, math.nan, math.nan, 0, "")
 MISSING_STATUS = {"invalid": Status.INVALID, "fail": Status.FAIL, "pass": Status.PASS}
-
-
-def statistic(values: np.ndarray, threshold: Threshold) -> float:
-    """The threshold's statistic over raw values; NaN when it is undefined for no values."""
-    if threshold.statistic == "count":
-        return float(len(values))
-    if threshold.statistic == "sum":
-        return float(values.sum()) if len(values) else 0.0
-    if len(values) == 0:
-        return math.nan
-    if threshold.statistic == "p":
-        assert threshold.quantile is not None
-        return float(np.percentile(values, threshold.quantile))
-    functions: dict[str, Callable[[np.ndarray], Any]] = {
-        "rate": np.mean,
-        "mean": np.mean,
-        "max": np.max,
-        "min": np.min,
-    }
-    return float(functions[threshold.statistic](values))
 
 
 def evaluate(run: RunData, gate_file: GateFile, gates_path: str = "builtin") -> Verdict:
@@ -60,9 +47,14 @@ def evaluate(run: RunData, gate_file: GateFile, gates_path: str = "builtin") -> 
     judged = [g for g in results if g.status != Status.INVALID]
     total_weight = sum(g.weight for g in judged)
     score = sum(SCORE[g.status] * g.weight for g in judged) / total_weight if judged else 0.0
+    unjudged_key = [g.id for g in results if g.key and g.status == Status.INVALID]
+    if unjudged_key:
+        problems = [*problems, f"key gates without enough evidence: {', '.join(unjudged_key)}"]
+    if not judged:
+        problems = [*problems, "no gate had data to judge"]
     if any(g.key and g.status == Status.FAIL and g.unit != "s" for g in results):
         status = Status.FAIL
-    elif problems or any(g.key and g.status == Status.INVALID for g in results):
+    elif problems:
         status = Status.INVALID
     elif (
         any(g.key and g.status == Status.FAIL for g in results)
@@ -73,9 +65,6 @@ def evaluate(run: RunData, gate_file: GateFile, gates_path: str = "builtin") -> 
         status = Status.MARGINAL
     else:
         status = Status.PASS
-    missing_key = [g.id for g in results if g.key and g.status == Status.INVALID]
-    if missing_key:
-        problems = [*problems, f"key gates without data: {', '.join(missing_key)}"]
     notes = [
         f"{name}.jsonl: dropped {n} truncated line(s)" for name, n in run.truncated_lines.items()
     ]
@@ -123,7 +112,8 @@ def judge(run: RunData, gate: GateSpec) -> GateResult:
             f"metric {gate.metric} could not be computed: {type(exc).__name__}: {exc}"
         )
     values = obs.frame["value"].to_numpy(dtype=float)
-    value = statistic(values, gate.pass_) if obs.n_samples else math.nan
+    # No examined record is no data, even for a count (zero violations of nothing).
+    est = estimate(values, gate.pass_, gate.confidence) if obs.n_samples else NO_DATA
     result = GateResult(
         id=gate.id,
         title=gate.title,
@@ -134,30 +124,59 @@ def judge(run: RunData, gate: GateSpec) -> GateResult:
         statistic=gate.pass_.label,
         threshold=gate.pass_.text,
         warn=gate.warn.text if gate.warn else None,
-        value=None if math.isnan(value) else value,
+        value=None if math.isnan(est.value) else est.value,
         n_samples=obs.n_samples,
         message="",
         filter=gate.filter.model_dump(exclude_none=True),
         unit=definition.unit,
         notes=list(obs.notes),
+        confidence=gate.confidence,
+        method=est.method,
+        censored=int(np.isinf(values).sum()),
     )
-    if math.isnan(value):
+    if math.isnan(est.value):
         why = obs.missing or f"no observation to take {gate.pass_.label} of"
         result.status = MISSING_STATUS[gate.on_missing]
         result.message = f"no data: {why}"
         return result
+    if est.method != "exact":
+        result.interval = [est.lo, est.hi]
     _attach_evidence(result, obs.frame, gate.pass_)
-    if not gate.pass_.holds(value):
+    reading, result.straddles = read(
+        est, gate.pass_, gate.min_samples, obs.n_samples, len(obs.unsure)
+    )
+    shown = result.value_text()
+    if reading is Reading.BREACH:
         result.status = Status.FAIL
-        result.message = f"{gate.pass_.label} = {value:.6g}, needs {gate.pass_.text}"
-    elif gate.warn is not None and not gate.warn.holds(value):
-        result.status = Status.MARGINAL
-        result.message = (
-            f"{gate.pass_.label} = {value:.6g} passes {gate.pass_.text} but not {gate.warn.text}"
+        result.message = f"{shown}: breaks {gate.pass_.text}"
+        if result.straddles:
+            result.message += f" (the {gate.confidence:.0%} interval straddles the line)"
+    elif reading is Reading.UNPROVEN:
+        result.status = Status.INVALID if gate.key else Status.MARGINAL
+        result.needs_n = needs_n(
+            values, est, gate.pass_, gate.min_samples, obs.n_samples, gate.confidence
         )
+        result.message = f"{shown}: meets {gate.pass_.text} but {_why_unproven(result, obs)}"
+    elif gate.warn is not None and not gate.warn.holds(est.value):
+        result.status = Status.MARGINAL
+        result.message = f"{shown}: meets {gate.pass_.text} but not {gate.warn.text}"
     else:
-        result.message = f"{gate.pass_.label} = {value:.6g} meets {gate.pass_.text}"
+        result.message = f"{shown}: meets {gate.pass_.text}"
     return result
+
+
+def _why_unproven(result: GateResult, obs: Observations) -> str:
+    """Why a value that meets its line is not yet evidence that it does."""
+    reasons = []
+    if result.straddles:
+        reasons.append(f"its {result.confidence:.0%} interval straddles the line")
+    if obs.unsure:
+        reasons.append(f"{len(obs.unsure)} observation(s) could go either way: {obs.unsure[0]}")
+    if result.needs_n is not None:
+        reasons.append(f"needs >= {result.needs_n} samples (has {result.n_samples})")
+    elif result.straddles:
+        reasons.append("more samples at the observed value would not settle it")
+    return "; ".join(reasons) or "the evidence is too thin"
 
 
 def _attach_evidence(result: GateResult, frame: pd.DataFrame, threshold: Threshold) -> None:

@@ -1,6 +1,9 @@
 """Metrics over the client's per-request records (joined with server events where needed).
 
-Latencies come from the raw per-request rows, never from Locust's rounded statistics.
+Latencies come from the raw per-request rows, never from Locust's rounded statistics. No
+request is dropped for going badly: one the server never answered (timeout, error,
+disconnect, 5xx) is a latency of +inf, and a cancellation whose release never came is a
+release latency of +inf; both count as breaches in any percentile that reaches them.
 """
 
 from __future__ import annotations
@@ -11,10 +14,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from gates import schema
 from gates.registry import Observations, metric
 from gates.rundir import RunData
 from gates.spec import GateFilter
 from gates.windows import (
+    KILL_KINDS,
     counter_increase,
     in_intervals,
     isin,
@@ -26,6 +31,8 @@ from gates.windows import (
 REQUEST_FILTERS = ("traffic_class", "priority", "tenant", "window")
 RELEASE_HISTOGRAM = "kvgate_release_latency_seconds_bucket"
 EXPLICIT_STATUSES = (429, 503)
+# Endings that are the server's failure to answer: censored latencies, never explicit refusals.
+FAILED_OUTCOMES = ("error", "timeout", "disconnected", "protocol_error")
 
 
 def _describe(flt: GateFilter) -> str:
@@ -48,28 +55,63 @@ def _evidence(rows: pd.DataFrame, value: pd.Series, time_column: str) -> pd.Data
 
 
 def _latency(run: RunData, flt: GateFilter, column: str, what: str) -> Observations:
+    """Each request's latency; one the server failed to answer is +inf (a breach), one the
+    client cancelled first or that was refused with a 4xx is left out and counted in notes."""
     rows = select(run.requests, run, flt, "t_send")
     if isinstance(rows, str):
         return Observations.none(rows)
-    rows = rows[rows[column].notna()]
-    if rows.empty:
+    measured = rows[column].notna()
+    server_failed = ~measured & (
+        rows["outcome"].isin(FAILED_OUTCOMES).to_numpy() | rows["http_status"].ge(500).to_numpy()
+    )
+    kept = rows[measured | server_failed]
+    if kept.empty:
         return Observations.none(f"no {_describe(flt)} request has a {what} in this run")
-    return Observations(frame=_evidence(rows, rows[column], "t_send"), n_samples=len(rows))
+    value = kept[column].where(kept[column].notna(), np.inf)
+    frame = _evidence(kept, value, "t_send")
+    censored = server_failed[measured | server_failed].to_numpy()
+    failed = kept[censored]
+    frame.loc[censored, "detail"] = [
+        f"no {what}: {outcome} status={_int_text(status)} {code if isinstance(code, str) else ''}"
+        for outcome, status, code in zip(
+            failed["outcome"], failed["http_status"], failed["error_code"], strict=True
+        )
+    ]
+    notes = []
+    if censored.any():
+        notes.append(f"{int(censored.sum())} requests got no {what} and count as breaches (+inf)")
+    left_out = rows[~(measured | server_failed)]
+    if not left_out.empty:
+        why = left_out["outcome"].astype(str) + " " + left_out["http_status"].astype(str)
+        counts = ", ".join(f"{n} {k}" for k, n in why.value_counts().items())
+        notes.append(f"left out (client cancels and 4xx refusals): {counts}")
+    return Observations(frame=frame, n_samples=len(kept), notes=notes)
 
 
-@metric("ttft", filters=REQUEST_FILTERS, unit="s")
+def _int_text(value: float) -> str:
+    return "none" if pd.isna(value) else str(int(value))
+
+
+@metric("ttft", filters=REQUEST_FILTERS, unit="s", kind="trend")
 def ttft(run: RunData, flt: GateFilter, params: Mapping[str, Any]) -> Observations:
-    """Time to first content chunk (seconds) of each request that got one."""
+    """Time to first content chunk (s); +inf for a request the server never answered."""
     return _latency(run, flt, "ttft_s", "first token")
 
 
-@metric("e2e", filters=REQUEST_FILTERS, unit="s")
+@metric("e2e", filters=REQUEST_FILTERS, unit="s", kind="trend")
 def e2e(run: RunData, flt: GateFilter, params: Mapping[str, Any]) -> Observations:
-    """End-to-end latency (seconds), send to end of stream, of each request that finished."""
+    """End-to-end latency (s), send to end of stream; +inf when the server never answered."""
     return _latency(run, flt, "e2e_s", "end-to-end latency")
 
 
-@metric("outcome_rate", filters=REQUEST_FILTERS, unit="fraction", params={"outcome": "timeout"})
+@metric(
+    "outcome_rate",
+    filters=REQUEST_FILTERS,
+    unit="fraction",
+    kind="rate",
+    params={"outcome": "timeout"},
+    choices={"outcome": schema.OUTCOMES},
+)
 def outcome_rate(run: RunData, flt: GateFilter, params: Mapping[str, Any]) -> Observations:
     """1 for each request that ended with the given outcome, 0 otherwise (use `rate`)."""
     rows = select(run.requests, run, flt, "t_send")
@@ -81,7 +123,13 @@ def outcome_rate(run: RunData, flt: GateFilter, params: Mapping[str, Any]) -> Ob
     return Observations(frame=_evidence(rows, hit, "t_send"), n_samples=len(rows))
 
 
-@metric("cancel_release_latency", filters=REQUEST_FILTERS, unit="s", params={"skew_s": 0.5})
+@metric(
+    "cancel_release_latency",
+    filters=REQUEST_FILTERS,
+    unit="s",
+    kind="trend",
+    params={"skew_s": 0.5},
+)
 def cancel_release_latency(
     run: RunData, flt: GateFilter, params: Mapping[str, Any]
 ) -> Observations:
@@ -106,14 +154,51 @@ def cancel_release_latency(
     any_release = joined.dropna(subset=["t"]).groupby("request_id", sort=False)["t"].size()
     ids = rows["request_id"]
     t_release = ids.map(first_after)
-    latency = (t_release - rows["cancel_at"]).clip(lower=0.0)
     released_before = t_release.isna() & ids.map(any_release).notna()
-    never = t_release.isna() & ~released_before
-    latency = latency.mask(released_before, 0.0).mask(never, run.t_end - rows["cancel_at"])
+    # A replica that died took its reservations with it: that death is the release.
+    unreleased = t_release.isna() & ~released_before
+    death = _death_after(run, events, rows[unreleased], float(params["skew_s"]))
+    death = death.reindex(rows.index)
+    by_death = t_release.isna() & ~released_before & death.notna()
+    never = t_release.isna() & ~released_before & ~by_death
+    latency = (t_release.fillna(death) - rows["cancel_at"]).clip(lower=0.0)
+    latency = latency.mask(released_before, 0.0).mask(never, np.inf)
     frame = _evidence(rows, latency, "cancel_at")
-    frame.loc[never.to_numpy(), "detail"] = "never released (latency is a lower bound)"
-    notes = [f"{int(never.sum())} cancelled requests were never released"] if never.any() else []
+    frame.loc[by_death.to_numpy(), "detail"] = "freed by the death of its replica"
+    frame.loc[never.to_numpy(), "detail"] = "never released: a leaked reservation (+inf)"
+    notes = []
+    if never.any():
+        notes.append(f"{int(never.sum())} cancelled requests were never released (+inf each)")
+    if by_death.any():
+        notes.append(f"{int(by_death.sum())} cancelled requests were freed by a replica's death")
     return Observations(frame=frame, n_samples=len(rows), notes=notes)
+
+
+def _death_after(
+    run: RunData, events: pd.DataFrame, rows: pd.DataFrame, skew_s: float
+) -> pd.Series:
+    """Per cancelled request: when the replica holding it first died after the cancel."""
+    admitted = events[events["event"].eq("admitted")].sort_values("t")
+    holder = admitted.groupby("request_id", sort=False)["replica"].last()
+    deaths = pd.concat(
+        [
+            events.loc[events["event"].isin(("replica_died", "oom")), ["replica", "t"]],
+            run.faults.loc[
+                run.faults["kind"].isin(KILL_KINDS) & run.faults["t_start"].notna(),
+                ["target", "t_start"],
+            ].rename(columns={"target": "replica", "t_start": "t"}),
+        ],
+        ignore_index=True,
+    ).dropna()
+    result = pd.Series(np.nan, index=rows.index, dtype=float)
+    if deaths.empty:
+        return result
+    replica = rows["request_id"].map(holder)
+    for index, (where, cancel_at) in enumerate(zip(replica, rows["cancel_at"], strict=True)):
+        later = deaths.loc[deaths["replica"].eq(where) & (deaths["t"] >= cancel_at - skew_s), "t"]
+        if not later.empty:
+            result.iloc[index] = float(later.min())
+    return result
 
 
 def _release_from_histogram(run: RunData, flt: GateFilter) -> Observations:
@@ -147,7 +232,9 @@ def _release_from_histogram(run: RunData, flt: GateFilter) -> Observations:
 NOT_A_PREEMPTION_FATE = ("replica_failed", "user_stopped")
 
 
-@metric("preempted_completion", filters=("priority", "tenant", "window"), unit="fraction")
+@metric(
+    "preempted_completion", filters=("priority", "tenant", "window"), unit="fraction", kind="rate"
+)
 def preempted_completion(run: RunData, flt: GateFilter, params: Mapping[str, Any]) -> Observations:
     """1 per preempted request that still finished ok, else 0 (client cancels excluded)."""
     events = select(run.server_events, run, flt, "t", class_column=None)
@@ -183,21 +270,32 @@ def preempted_completion(run: RunData, flt: GateFilter, params: Mapping[str, Any
     return Observations(frame=frame, n_samples=len(rows), notes=notes)
 
 
-@metric("explicit_refusal", filters=REQUEST_FILTERS, unit="fraction")
+@metric("explicit_refusal", filters=REQUEST_FILTERS, unit="fraction", kind="rate")
 def explicit_refusal(run: RunData, flt: GateFilter, params: Mapping[str, Any]) -> Observations:
-    """Of requests refused or timed out: 1 when refused with 429/503 and Retry-After, else 0."""
+    """Of requests the server did not serve: 1 when refused with 429/503 and Retry-After.
+
+    Counted: every request that did not end ok and was not cancelled by its client —
+    rejections, errors (a 500 is not a refusal), timeouts, disconnects, protocol errors.
+    Left out: 4xx other than 429 (the request itself was wrong: too long, a priority its key
+    does not allow), which are the client's to fix, not the server's way of shedding load.
+    """
     rows = select(run.requests, run, flt, "t_send")
     if isinstance(rows, str):
         return Observations.none(rows)
     status = rows["http_status"]
-    refused = rows[rows["outcome"].eq("timeout") | status.isin(EXPLICIT_STATUSES)]
-    if refused.empty:
+    client_fault = status.ge(400) & status.lt(500) & status.ne(429)
+    unserved = rows[~rows["outcome"].isin(("ok", "cancelled")) & ~client_fault]
+    if unserved.empty:
         return Observations.none(
-            f"no {_describe(flt)} request was refused or timed out; no pressure to judge"
+            f"no {_describe(flt)} request was refused or failed; no pressure to judge"
         )
-    explicit = refused["http_status"].isin(EXPLICIT_STATUSES) & refused["retry_after_s"].notna()
-    frame = _evidence(refused, explicit.astype(float), "t_send")
+    explicit = unserved["http_status"].isin(EXPLICIT_STATUSES) & unserved["retry_after_s"].notna()
+    frame = _evidence(unserved, explicit.astype(float), "t_send")
     frame["detail"] = (
-        refused["outcome"].astype(str) + " status=" + refused["http_status"].astype(str)
+        unserved["outcome"].astype(str) + " status=" + unserved["http_status"].astype(str)
     ).to_numpy()
-    return Observations(frame=frame, n_samples=len(refused))
+    counts = unserved["outcome"].astype(str) + "/" + unserved["http_status"].astype(str)
+    notes = ["counted: " + ", ".join(f"{n} {k}" for k, n in counts.value_counts().items())]
+    if client_fault.any():
+        notes.append(f"left out: {int(client_fault.sum())} client errors (4xx other than 429)")
+    return Observations(frame=frame, n_samples=len(unserved), notes=notes)

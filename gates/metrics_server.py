@@ -11,11 +11,14 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from scipy.stats import beta
 
+from gates import stats
 from gates.registry import Observations, metric
 from gates.rundir import RunData
 from gates.spec import GateFilter
 from gates.windows import (
+    KILL_KINDS,
     counter_increase,
     in_intervals,
     isin,
@@ -27,7 +30,6 @@ from gates.windows import (
 
 OOM_REASON = r"(?i)\boom\b|out of memory"
 LIFECYCLE = ("replica_started", "replica_died", "oom")
-KILL_KINDS = ("kill", "kill_during_storm")
 MEMORY_FAMILIES = (
     ("GPU memory (NVML)", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_TOTAL"),
     (
@@ -43,7 +45,7 @@ def _rows(value: Any, t: Any, replica: Any, detail: Any, **extra: Any) -> pd.Dat
     return pd.DataFrame({"value": value, "t": t, "replica": replica, "detail": detail, **extra})
 
 
-@metric("oom_events", filters=("window",), unit="count")
+@metric("oom_events", filters=("window",), unit="count", kind="count")
 def oom_events(run: RunData, flt: GateFilter, params: Mapping[str, Any]) -> Observations:
     """OOM signals: `oom` events, replica deaths blamed on OOM, increases of kvgate_oom_total."""
     events = select(run.server_events, run, flt, "t", class_column=None)
@@ -77,7 +79,7 @@ def oom_events(run: RunData, flt: GateFilter, params: Mapping[str, Any]) -> Obse
     return Observations(frame=frame, n_samples=len(events) + len(samples))
 
 
-@metric("tenant_pool_share", filters=("tenant", "window"), unit="fraction")
+@metric("tenant_pool_share", filters=("tenant", "window"), unit="fraction", kind="trend")
 def tenant_pool_share(run: RunData, flt: GateFilter, params: Mapping[str, Any]) -> Observations:
     """Each tenant's share of a replica's KV pool over time (samples, else rebuilt from events)."""
     samples = run.samples[run.samples["metric"].eq("kvgate_tenant_pool_share")]
@@ -106,15 +108,25 @@ def tenant_pool_share(run: RunData, flt: GateFilter, params: Mapping[str, Any]) 
 
 
 def _share_from_events(events: pd.DataFrame) -> pd.DataFrame:
-    """Blocks held per tenant after every event, divided by the replica's pool size."""
-    ev = events[events["request_id"].notna() & events["pool_total_blocks"].gt(0)]
+    """Blocks held per tenant after every event, divided by the replica's pool size.
+
+    A replica that dies (or restarts) takes every reservation with it, so each replica's
+    accounting starts again at its lifecycle rows: a killed replica's requests must not be
+    held against their tenants on the restarted one.
+    """
+    ordered = events.sort_values(["replica", "t", "seq"], kind="stable")
+    lifecycle = ordered["event"].isin(LIFECYCLE).astype(int)
+    epoch = lifecycle.groupby(ordered["replica"], sort=False).cumsum()
+    keep = ordered["request_id"].notna() & ordered["pool_total_blocks"].gt(0)
+    ev, epoch = ordered[keep], epoch[keep]
     if ev.empty:
         return pd.DataFrame()
-    ev = ev.sort_values(["replica", "t", "seq"], kind="stable")
     held = ev["blocks"].where(~ev["event"].eq("released"), 0.0).fillna(0.0)
-    previous = held.groupby([ev["replica"], ev["request_id"]], sort=False).shift(fill_value=0.0)
+    previous = held.groupby([ev["replica"], epoch, ev["request_id"]], sort=False).shift(
+        fill_value=0.0
+    )
     delta = held - previous
-    tenant_blocks = delta.groupby([ev["replica"], ev["tenant"]], sort=False).cumsum()
+    tenant_blocks = delta.groupby([ev["replica"], epoch, ev["tenant"]], sort=False).cumsum()
     share = tenant_blocks / ev["pool_total_blocks"]
     detail = "rebuilt from events: " + tenant_blocks.round().astype(int).astype(str) + " blocks"
     return _rows(
@@ -133,7 +145,7 @@ def _level_windows(run: RunData) -> tuple[tuple[float, float], tuple[float, floa
     return (float(idle[0]), float(idle[1])), (mid, float(after[1]))
 
 
-@metric("memory_return", filters=(), unit="fraction")
+@metric("memory_return", filters=(), unit="fraction", kind="trend")
 def memory_return(run: RunData, flt: GateFilter, params: Mapping[str, Any]) -> Observations:
     """Memory still above its idle level after load, as a fraction of capacity, per target."""
     spans = _level_windows(run)
@@ -165,7 +177,9 @@ def memory_return(run: RunData, flt: GateFilter, params: Mapping[str, Any]) -> O
     return Observations(frame=frame, n_samples=len(frame))
 
 
-@metric("failover_integrity", filters=("window",), unit="count", params={"grace_s": 2.0})
+@metric(
+    "failover_integrity", filters=("window",), unit="count", kind="count", params={"grace_s": 2.0}
+)
 def failover_integrity(run: RunData, flt: GateFilter, params: Mapping[str, Any]) -> Observations:
     """Violations after replica kills: a request held on two replicas; ledger drift not 0."""
     kills = run.faults[run.faults["kind"].isin(KILL_KINDS) & run.faults["t_start"].notna()]
@@ -274,9 +288,23 @@ def _drift_after(drift: pd.DataFrame, kills: pd.DataFrame, grace_s: float) -> pd
     return _rows(*zip(*rows, strict=True)) if rows else _rows([], [], [], [])
 
 
-@metric("batch_peak_trough", filters=("tenant",), unit="count", params={"peak_ratio_max": 0.2})
+@metric(
+    "batch_peak_trough",
+    filters=("tenant",),
+    unit="count",
+    kind="count",
+    params={"peak_ratio_max": 0.2, "starve_after_s": 5.0},
+)
 def batch_peak_trough(run: RunData, flt: GateFilter, params: Mapping[str, Any]) -> Observations:
-    """Phases where batch admission misbehaved: admitting at peak, or starving in a trough."""
+    """Phases where batch admission misbehaved: admitting at peak, or starving in a trough.
+
+    A peak breaches when its batch admission rate is above `peak_ratio_max` x the troughs'
+    rate with 95% confidence (exact binomial test on the admissions of the peak against
+    those of the troughs); a peak whose counts cannot tell either way is unsure. A trough
+    starves when batch requests were waiting in it for `starve_after_s` or more — sent,
+    neither admitted nor ended before — and it admitted none. An empty queue is no
+    starvation.
+    """
     spans = phases(run)
     peaks = [p for p in spans if p["name"] == "peak"]
     troughs = [p for p in spans if p["name"] == "trough"]
@@ -287,38 +315,74 @@ def batch_peak_trough(run: RunData, flt: GateFilter, params: Mapping[str, Any]) 
     events = select(run.server_events, run, flt, "t", class_column=None)
     requests = select(run.requests, run, flt, "t_send")
     assert not isinstance(events, str) and not isinstance(requests, str)  # no window filter
-    admitted = events.loc[events["event"].eq("admitted") & events["priority"].eq("batch"), "t"]
-    sent = requests.loc[requests["priority"].eq("batch"), "t_send"]
-    if admitted.empty and sent.empty:
+    batch_events = events[events["event"].eq("admitted") & events["priority"].eq("batch")]
+    batch = requests[requests["priority"].eq("batch")]
+    if batch_events.empty and batch.empty:
         return Observations.none("no batch traffic was sent, so the offline queue cannot be judged")
+    admitted = batch_events["t"]
 
-    def rate(span: Mapping[str, Any]) -> tuple[int, float]:
-        count = int(in_intervals(admitted, [(float(span["t0"]), float(span["t1"]))]).sum())
-        return count, count / max(float(span["t1"]) - float(span["t0"]), 1e-9)
+    def admissions(span: Mapping[str, Any]) -> tuple[int, float]:
+        t0, t1 = float(span["t0"]), float(span["t1"])
+        return int(in_intervals(admitted, [(t0, t1)]).sum()), max(t1 - t0, 1e-9)
 
-    trough_count = sum(rate(p)[0] for p in troughs)
-    trough_rate = trough_count / max(sum(float(p["t1"]) - float(p["t0"]) for p in troughs), 1e-9)
-    rows = []
+    trough_count = sum(admissions(p)[0] for p in troughs)
+    trough_s = sum(admissions(p)[1] for p in troughs)
     limit = float(params["peak_ratio_max"])
+    rows, unsure = [], []
     for span in peaks:
-        count, peak_rate = rate(span)
-        if trough_rate > 0 and peak_rate > limit * trough_rate:
-            detail = (
-                f"peak admitted {peak_rate:.3g} batch/s vs {trough_rate:.3g}/s in troughs "
-                f"(limit {limit:g}×)"
-            )
-            rows.append((peak_rate / trough_rate, float(span["t0"]), None, detail))
+        count, seconds = admissions(span)
+        verdict, ratio = _peak_reading(count, seconds, trough_count, trough_s, limit)
+        detail = (
+            f"peak admitted {count} batch in {seconds:.0f}s vs {trough_count} in "
+            f"{trough_s:.0f}s of troughs (ratio {ratio:.3g}, limit {limit:g}x)"
+        )
+        if verdict == "breach":
+            rows.append((ratio, float(span["t0"]), None, detail))
+        elif verdict == "unsure":
+            unsure.append(detail + ": too few admissions to tell at 95%")
+    first_admitted = batch_events.groupby("request_id", sort=False)["t"].min()
+    t_admit = batch["request_id"].map(first_admitted).to_numpy(dtype=float)
+    t_send = batch["t_send"].to_numpy(dtype=float)
+    t_end = (batch["t_send"] + batch["e2e_s"]).fillna(run.t_end).to_numpy(dtype=float)
     for span in troughs:
-        count, _ = rate(span)
-        waiting = int(in_intervals(sent, [(-np.inf, float(span["t1"]))]).sum())
+        t0, t1 = float(span["t0"]), float(span["t1"])
+        count, _ = admissions(span)
+        # time each request spent waiting inside the trough: from max(sent, t0) until it was
+        # admitted or ended, capped at the trough's end
+        left = np.fmin(np.fmin(t_end, np.where(np.isnan(t_admit), np.inf, t_admit)), t1)
+        waited = left - np.maximum(t_send, t0)
+        waiting = int((waited >= float(params["starve_after_s"])).sum())
         if count == 0 and waiting > 0:
-            rows.append(
-                (
-                    1.0,
-                    float(span["t0"]),
-                    None,
-                    "trough admitted no batch request: the offline queue starved",
-                )
+            detail = (
+                f"trough admitted no batch request while {waiting} waited "
+                f">= {float(params['starve_after_s']):g}s in it: the offline queue starved"
             )
+            rows.append((1.0, t0, None, detail))
     frame = _rows(*zip(*rows, strict=True)) if rows else _rows([], [], [], [])
-    return Observations(frame=frame, n_samples=len(peaks) + len(troughs))
+    return Observations(frame=frame, n_samples=len(peaks) + len(troughs), unsure=unsure)
+
+
+def _peak_reading(
+    peak: int, peak_s: float, trough: int, trough_s: float, limit: float
+) -> tuple[str, float]:
+    """("breach" | "fine" | "unsure", observed ratio) for one peak against the troughs.
+
+    If the peak rate were exactly `limit` x the trough rate, the peak's share of all these
+    admissions would be pi0 = limit*peak_s / (limit*peak_s + trough_s); the Clopper-Pearson
+    interval of the observed share says whether it is above (breach), below (fine) or
+    undecided.
+    """
+    total = peak + trough
+    peak_rate, trough_rate = peak / peak_s, trough / trough_s
+    ratio = peak_rate / trough_rate if trough_rate > 0 else (np.inf if peak else 0.0)
+    if total == 0:
+        return "unsure", ratio
+    pi0 = limit * peak_s / (limit * peak_s + trough_s)
+    alpha = 1 - stats.CONFIDENCE
+    lo = float(beta.ppf(alpha / 2, peak, total - peak + 1)) if peak > 0 else 0.0
+    hi = float(beta.ppf(1 - alpha / 2, peak + 1, total - peak)) if peak < total else 1.0
+    if lo > pi0:
+        return "breach", ratio
+    if hi < pi0:
+        return "fine", ratio
+    return "unsure", ratio

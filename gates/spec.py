@@ -11,6 +11,7 @@ import math
 import operator
 import re
 from collections.abc import Callable
+from decimal import Decimal
 from pathlib import Path
 from typing import Any, Literal
 
@@ -30,7 +31,14 @@ OPERATORS: dict[str, Callable[[float, float], bool]] = {
     "<": operator.lt,
     ">": operator.gt,
 }
-UNITS = {"": 1.0, "s": 1.0, "ms": 0.001, "%": 0.01}
+UNITS = {"": Decimal(1), "s": Decimal(1), "ms": Decimal("0.001"), "%": Decimal("0.01")}
+# Which statistics each kind of metric can be judged by: a rate is a share of 0/1
+# observations, a trend a distribution of values, a count a list of violations.
+KIND_STATISTICS = {
+    "trend": ("p", "mean", "max", "min", "count"),
+    "rate": ("rate", "count", "sum"),
+    "count": ("count", "sum", "max"),
+}
 _THRESHOLD = re.compile(
     r"^\s*(?P<stat>count|rate|max|min|mean|sum|p\(\s*(?P<q>\d+(?:\.\d+)?)\s*\))\s*"
     r"(?P<op><=|>=|==|!=|<|>)\s*(?P<num>[-+]?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)\s*(?P<unit>ms|s|%)?\s*$"
@@ -71,7 +79,8 @@ class Threshold(BaseModel):
         quantile = float(match["q"]) if match["q"] is not None else None
         if quantile is not None and not 0 <= quantile <= 100:
             raise ValueError(f"threshold {data!r}: the percentile must be within 0..100")
-        value = float(match["num"]) * UNITS[match["unit"] or ""]
+        # Decimal, so "95%" is exactly the float 0.95 and 190 of 200 meets `rate >= 95%`.
+        value = float(Decimal(match["num"]) * UNITS[match["unit"] or ""])
         stat = "p" if quantile is not None else match["stat"]
         return {
             "statistic": stat,
@@ -134,6 +143,9 @@ class GateSpec(BaseModel):
     weight: float = Field(default=1.0, gt=0)
     key: bool = False
     on_missing: Literal["invalid", "fail", "pass"] = "invalid"
+    # Evidence: the interval's confidence, and how many observations a PASS needs at least.
+    confidence: float = Field(default=0.95, ge=0.5, lt=1)
+    min_samples: int = Field(default=1, ge=1)
     params: dict[str, float | int | str | bool] = Field(default_factory=dict)
     description: str = ""
 
@@ -158,12 +170,39 @@ class GateSpec(BaseModel):
                 f"metric {self.metric!r} has no parameter {', '.join(sorted(unknown))}; "
                 f"its parameters: {', '.join(sorted(definition.params)) or 'none'}"
             )
+        for name, value in self.params.items():
+            problem = _param_problem(value, definition.params[name])
+            choices = definition.choices.get(name)
+            if problem is None and choices and value not in choices:
+                problem = f"must be one of {', '.join(choices)}, got {value!r}"
+            if problem:
+                raise ValueError(f"params.{name}: {problem}")
+        allowed = KIND_STATISTICS[definition.kind]
+        if self.pass_.statistic not in allowed:
+            shown = ", ".join("p(N)" if a == "p" else a for a in allowed)
+            raise ValueError(
+                f"metric {self.metric!r} is a {definition.kind} metric and cannot be judged "
+                f"by {self.pass_.label}; use one of: {shown}"
+            )
         if self.warn is not None and self.warn.label != self.pass_.label:
             raise ValueError(
                 f"warn uses {self.warn.label} but pass uses {self.pass_.label}; "
                 "use the same statistic"
             )
         return self
+
+
+def _param_problem(value: object, default: object) -> str | None:
+    """Why `value` cannot stand in for a parameter whose default is `default` (None: fine)."""
+    if isinstance(default, bool):
+        return None if isinstance(value, bool) else f"must be true or false, got {value!r}"
+    if isinstance(default, int | float):
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return f"must be a number, got {value!r}"
+        if not math.isfinite(value) or value < 0:
+            return f"must be a finite number >= 0, got {value!r}"
+        return None
+    return None if isinstance(value, str) and value else f"must be a text, got {value!r}"
 
 
 class GateFile(BaseModel):

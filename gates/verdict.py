@@ -43,6 +43,38 @@ class GateResult:
     breaches: int = 0
     evidence: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    # The statistic's two-sided interval at `confidence` ([lo, hi]; an end the sample cannot
+    # bound is -inf/+inf, "-inf"/"inf" in JSON), how it was computed, and whether the
+    # threshold's line falls inside it.
+    interval: list[float] | None = None
+    confidence: float = 0.95
+    method: str = ""
+    straddles: bool = False
+    # Samples a conclusive judgement would need at the observed rate/distribution.
+    needs_n: int | None = None
+    # Observations counted as breaches because they never got a value (no first token,
+    # a release that never came).
+    censored: int = 0
+
+    def value_text(self) -> str:
+        """`p95 = 0.56 s [0.49, 0.71], n = 127`: the one way every output shows a gate's value."""
+        if self.value is None:
+            return f"{self.statistic}: no data, n = {self.n_samples}"
+        unit = " s" if self.unit == "s" else ""
+        text = f"{self.statistic} = {_number(self.value)}{unit}"
+        if self.interval is not None and self.interval[0] != self.interval[1]:
+            lo, hi = self.interval
+            text += f" [{_number(lo)}, {_number(hi)}]"
+        text += f", n = {self.n_samples}"
+        if self.censored:
+            text += f" ({self.censored} censored)"
+        return text
+
+
+def _number(value: float) -> str:
+    if math.isinf(value):
+        return "inf" if value > 0 else "-inf"
+    return f"{value:.4g}"
 
 
 @dataclass(slots=True)
@@ -71,12 +103,22 @@ class Verdict:
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["exit_code"] = self.exit_code
+        for gate in data["gates"]:
+            # JSON has no infinity; a censored statistic (+inf) must not read as "no data".
+            gate["value"] = _infinity_out(gate["value"])
+            if gate["interval"] is not None:
+                gate["interval"] = [_infinity_out(v) for v in gate["interval"]]
         cleaned: dict[str, Any] = _clean(data)
         return cleaned
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Verdict:
-        gates = [GateResult(**{**g, "status": Status(g["status"])}) for g in data["gates"]]
+        gates = []
+        for g in data["gates"]:
+            fields = {**g, "status": Status(g["status"]), "value": _infinity_in(g.get("value"))}
+            if g.get("interval") is not None:
+                fields["interval"] = [_infinity_in(v) for v in g["interval"]]
+            gates.append(GateResult(**fields))
         return cls(
             status=Status(data["status"]),
             gates=gates,
@@ -86,6 +128,16 @@ class Verdict:
             gates_file=str(data["gates_file"]),
             notes=list(data.get("notes", [])),
         )
+
+
+def _infinity_out(value: Any) -> Any:
+    if isinstance(value, float) and math.isinf(value):
+        return "inf" if value > 0 else "-inf"
+    return value
+
+
+def _infinity_in(value: Any) -> Any:
+    return float(value) if value in ("inf", "-inf") else value
 
 
 def _clean(value: Any) -> Any:

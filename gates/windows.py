@@ -15,6 +15,8 @@ from gates.rundir import RunData
 from gates.spec import GateFilter
 
 Intervals = list[tuple[float, float]]
+# Fault kinds that end a replica process (its reservations die with it).
+KILL_KINDS = ("kill", "kill_during_storm")
 
 
 def resolve_window(run: RunData, window: str) -> Intervals | str:

@@ -37,7 +37,7 @@ def test_oom_run_fails_with_exit_3_and_junit_failures(runs: dict[str, Path]) -> 
     suite = ET.parse(runs["oom"] / "junit.xml").getroot()
     cases = {c.get("name"): c for c in suite.iter("testcase")}
     assert len(cases) == 10 and "run_validity" in cases
-    assert cases["no_oom_in_stress"].find("failure") is not None
+    assert cases["no_oom"].find("failure") is not None
     assert cases["batch_stops_at_peak"].find("failure") is None
     assert suite.get("failures") == str(sum(c.find("failure") is not None for c in cases.values()))
 
@@ -46,7 +46,7 @@ def test_evaluate_run_library_call_writes_files(runs: dict[str, Path]) -> None:
     verdict = evaluate_run(runs["oom"])
     assert verdict.exit_code == 3
     failed = {g.id for g in verdict.failed}
-    assert {"no_oom_in_stress", "tenant_share_cap", "cancel_release_p99"} <= failed
-    oom = next(g for g in verdict.gates if g.id == "no_oom_in_stress")
+    assert {"no_oom", "tenant_share_cap", "cancel_release_p99"} <= failed
+    oom = next(g for g in verdict.gates if g.id == "no_oom")
     assert oom.evidence and oom.first_breach_t is not None
     assert (runs["oom"] / "verdict.json").is_file() and (runs["oom"] / "junit.xml").is_file()

@@ -23,7 +23,7 @@ def test_failing_run_report_puts_verdict_and_failed_gates_first(
     paths = write_reports(path)
     html = paths["html"].read_text()
     assert html.index('id="verdict"') < html.index('id="failed"') < html.index('id="charts"')
-    assert ">FAIL<" in html and "no_oom_in_stress" in html
+    assert ">FAIL<" in html and "no_oom" in html
     assert (path / "verdict.json").is_file()  # gates ran because no verdict existed
     summary = paths["markdown"].read_text()
     assert summary.startswith("## kvgate: **FAIL**")

@@ -41,8 +41,8 @@ def test_oom_candidate_against_clean_baseline_rolls_back(
     assert 0.5 <= decision["recommended_admission_watermark"] < 0.82
     gates = {g["id"]: g for g in decision["gates"]}
     assert (
-        gates["no_oom_in_stress"]["candidate"] == "FAIL"
-        and gates["no_oom_in_stress"]["baseline"] == "PASS"
+        gates["no_oom"]["candidate"] == "FAIL"
+        and gates["no_oom"]["baseline"] == "PASS"
     )
     ttft = [
         t
@@ -104,7 +104,7 @@ def test_gates_without_data_are_no_evidence_of_a_cause() -> None:
     be read as a release defect, while the OOM it failed on points at estimation bias."""
     gates = [
         {
-            "id": "no_oom_in_stress",
+            "id": "no_oom",
             "metric": "oom_events",
             "candidate": "FAIL",
             "baseline": "PASS",

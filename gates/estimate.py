@@ -1,0 +1,119 @@
+"""A threshold's statistic over a gate's raw observations, with its confidence interval,
+and the three-way reading the evaluator turns into a status.
+
+Reading (gates/README.md, "Judging with confidence"):
+- breach: the point value breaks the threshold (FAIL, flagged when the interval straddles);
+- proven: the interval's pessimistic end meets the threshold and there are at least
+  `min_samples` observations (PASS);
+- unproven: the point meets it but the evidence cannot show it (MARGINAL, INVALID if key),
+  with the samples a conclusive judgement would need.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from enum import StrEnum
+
+import numpy as np
+
+from gates import stats
+from gates.spec import Threshold
+
+
+class Reading(StrEnum):
+    PROVEN = "proven"
+    UNPROVEN = "unproven"
+    BREACH = "breach"
+
+
+@dataclass(frozen=True, slots=True)
+class Estimate:
+    """The statistic, its two-sided interval and how both were computed."""
+
+    value: float
+    lo: float
+    hi: float
+    n: int
+    method: str
+
+
+def estimate(values: np.ndarray, threshold: Threshold, confidence: float) -> Estimate:
+    """The threshold's statistic over raw values; NaN value when it is undefined for none."""
+    n = len(values)
+    stat = threshold.statistic
+    if stat in ("count", "sum"):
+        value = float(n) if stat == "count" else (float(values.sum()) if n else 0.0)
+        return Estimate(value, value, value, n, "exact")
+    if n == 0:
+        return Estimate(math.nan, math.nan, math.nan, 0, "")
+    if stat == "p":
+        assert threshold.quantile is not None
+        value = stats.percentile(values, threshold.quantile)
+        lo, hi = stats.percentile_interval(values, threshold.quantile, confidence)
+        return Estimate(value, lo, hi, n, "order statistics")
+    if stat == "rate":
+        successes = float(np.clip(values, 0.0, 1.0).sum())
+        lo, hi = stats.wilson(successes, n, confidence)
+        return Estimate(successes / n, lo, hi, n, "Wilson")
+    if stat == "mean":
+        value = float(values.mean())
+        if n < 2 or not math.isfinite(value):
+            return Estimate(value, -math.inf, math.inf, n, "normal approximation")
+        half = stats.z_value(confidence) * float(values.std(ddof=1)) / math.sqrt(n)
+        if not math.isfinite(half):
+            return Estimate(value, -math.inf, math.inf, n, "normal approximation")
+        return Estimate(value, value - half, value + half, n, "normal approximation")
+    value = float(values.max() if stat == "max" else values.min())
+    # An observed extreme is a fact about what was seen; `min_samples` says how much must
+    # have been seen before it may pass.
+    return Estimate(value, value, value, n, "exact")
+
+
+def read(
+    est: Estimate, threshold: Threshold, min_samples: int, examined: int, unsure: int = 0
+) -> tuple[Reading, bool]:
+    """(reading, straddles): where the estimate stands against the threshold's line.
+
+    `examined` is how many records the metric looked at (for a count of violations, the
+    observations are the violations; the evidence is everything examined)."""
+    if not threshold.holds(est.value):
+        optimistic = est.lo if threshold.higher_is_worse else est.hi
+        return Reading.BREACH, _holds(threshold, optimistic)
+    pessimistic = est.hi if threshold.higher_is_worse else est.lo
+    straddles = not _holds(threshold, pessimistic)
+    if straddles or examined < min_samples or unsure:
+        return Reading.UNPROVEN, straddles
+    return Reading.PROVEN, False
+
+
+def needs_n(
+    values: np.ndarray,
+    est: Estimate,
+    threshold: Threshold,
+    min_samples: int,
+    examined: int,
+    confidence: float,
+) -> int | None:
+    """Samples a conclusive pass would need if what was observed held (None: out of reach)."""
+    needed: int | None = min_samples if examined < min_samples else None
+    if threshold.statistic == "p":
+        assert threshold.quantile is not None
+        upper = threshold.higher_is_worse
+        if not _holds(threshold, est.hi if upper else est.lo):
+            by_interval = stats.percentile_needs_n(
+                values, threshold.quantile, threshold.value, upper, confidence
+            )
+            needed = by_interval if by_interval is None else max(by_interval, needed or 0)
+    elif threshold.statistic == "rate":
+        above = threshold.op in (">", ">=")
+        if not _holds(threshold, est.lo if above else est.hi):
+            by_interval = stats.wilson_needs_n(
+                est.value, threshold.value, above, threshold.op in (">", "<"), confidence
+            )
+            needed = by_interval if by_interval is None else max(by_interval, needed or 0)
+    return needed
+
+
+def _holds(threshold: Threshold, value: float) -> bool:
+    return not math.isnan(value) and threshold.holds(value)

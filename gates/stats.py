@@ -1,0 +1,148 @@
+"""The one place kvgate computes percentiles, rates and their confidence intervals.
+
+Percentiles are numpy's default (linear interpolation between order statistics), made safe
+for censored observations stored as +inf (a request that never got a first token): a
+quantile that lands on or interpolates towards +inf is +inf. Their intervals come from
+order statistics (distribution-free: no assumption about the latency distribution), rates'
+from the Wilson score interval. Both are two-sided at `confidence`; an end the sample cannot
+bound is -inf/+inf, and `needs_n` says how many samples would bound it on the pass side.
+gates/README.md gives the formulas.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from functools import lru_cache
+
+import numpy as np
+from scipy.stats import binom, norm
+
+CONFIDENCE = 0.95
+# Beyond this many samples a gate's "needs >= N" is reported as out of reach.
+MAX_NEEDED = 10_000_000
+
+
+def z_value(confidence: float = CONFIDENCE) -> float:
+    """The two-sided normal quantile: 1.96 at 95%."""
+    return float(norm.ppf(0.5 + confidence / 2))
+
+
+def percentile(values: Sequence[float] | np.ndarray, q: float) -> float:
+    """The q-th percentile (0..100), numpy's linear method; +inf when it touches censored +inf."""
+    data = np.sort(np.asarray(values, dtype=float))
+    n = len(data)
+    if n == 0:
+        return math.nan
+    h = (n - 1) * q / 100.0
+    lo = math.floor(h)
+    frac = h - lo
+    a = float(data[lo])
+    if frac == 0.0:
+        return a
+    b = float(data[min(lo + 1, n - 1)])
+    if math.isinf(b) or math.isinf(a):
+        return b if math.isinf(b) else a
+    return a + (b - a) * frac
+
+
+@lru_cache(maxsize=4096)
+def order_ranks(n: int, q: float, confidence: float = CONFIDENCE) -> tuple[int, int]:
+    """1-based ranks (r, s) with P(X_(r) <= true q-quantile <= X_(s)) >= confidence.
+
+    The number of observations below the true quantile is Binomial(n, q/100); r = 0 means
+    the sample has no lower bound (-inf) and s = n + 1 no upper bound (+inf).
+    """
+    p = q / 100.0
+    alpha = 1.0 - confidence
+    r = int(binom.ppf(alpha / 2, n, p))
+    s = int(binom.ppf(1 - alpha / 2, n, p)) + 1
+    return max(r, 0), min(s, n + 1)
+
+
+def percentile_interval(
+    values: Sequence[float] | np.ndarray, q: float, confidence: float = CONFIDENCE
+) -> tuple[float, float]:
+    """Distribution-free interval for the q-th percentile from order statistics."""
+    data = np.sort(np.asarray(values, dtype=float))
+    n = len(data)
+    if n == 0:
+        return -math.inf, math.inf
+    r, s = order_ranks(n, q, confidence)
+    lo = float(data[r - 1]) if r >= 1 else -math.inf
+    hi = float(data[s - 1]) if s <= n else math.inf
+    return lo, hi
+
+
+def percentile_needs_n(
+    values: Sequence[float] | np.ndarray,
+    q: float,
+    limit: float,
+    upper: bool,
+    confidence: float = CONFIDENCE,
+) -> int | None:
+    """Samples needed for the interval's pass-side end to meet `limit`, if the observed
+    distribution held: the upper end at or below it (`upper`), else the lower end at or above
+    it. None when the observed distribution itself does not meet the limit."""
+    data = np.asarray(values, dtype=float)
+    if len(data) == 0:
+        return None
+    share = float(np.mean(data <= limit)) if upper else float(np.mean(data >= limit))
+    p = q / 100.0 if upper else 1.0 - q / 100.0
+    if share <= p:
+        return None
+
+    def enough(m: int) -> bool:
+        s = order_ranks(m, p * 100.0, confidence)[1]
+        return s <= m and s <= math.floor(share * m + 1e-9)
+
+    return _smallest(enough, start=len(data))
+
+
+def wilson(successes: float, n: int, confidence: float = CONFIDENCE) -> tuple[float, float]:
+    """Wilson score interval of a proportion (sound at 0/n and n/n, unlike the normal one)."""
+    if n <= 0:
+        return 0.0, 1.0
+    z = z_value(confidence)
+    p = successes / n
+    denominator = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denominator
+    half = z / denominator * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def wilson_needs_n(
+    rate: float, limit: float, above: bool, strict: bool, confidence: float = CONFIDENCE
+) -> int | None:
+    """Samples needed, at the observed rate, for the Wilson bound on the pass side to clear
+    `limit` (lower bound above it when `above`, upper bound below it otherwise)."""
+    if above and (rate < limit or (strict and rate == limit)):
+        return None
+    if not above and (rate > limit or (strict and rate == limit)):
+        return None
+
+    def enough(m: int) -> bool:
+        lo, hi = wilson(rate * m, m, confidence)
+        bound = lo if above else hi
+        if above:
+            return bound > limit if strict else bound >= limit
+        return bound < limit if strict else bound <= limit
+
+    return _smallest(enough, start=1)
+
+
+def _smallest(check: Callable[[int], bool], start: int) -> int | None:
+    """The smallest m >= start with check(m) (monotone in m), by doubling then bisection."""
+    lo, hi = max(start, 1), max(start, 1)
+    while not check(hi):
+        lo = hi + 1
+        hi *= 2
+        if hi > MAX_NEEDED:
+            return None
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if check(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    return hi
