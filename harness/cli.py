@@ -21,6 +21,8 @@ commands:
   compare CAND BASE     rollback decision: candidate run against a baseline run
   bench scheduler|server|client|analysis [--json]
                         benchmarks of each stage
+  bench verdicts PLAN --runs N [--set K=V] [--json]
+                        run a plan N times: the distribution of its verdicts
 
 `kvgate COMMAND --help` describes each command."""
 
@@ -38,6 +40,7 @@ AS_PROCESS = {
 BENCHES_IN_PROCESS = {
     "client": "workloads.bench:main",
     "analysis": "reports.bench:main",
+    "verdicts": "harness.repeat:main",
 }
 BENCHES_AS_PROCESS = {
     "scheduler": "server.scheduler.bench",

@@ -1,0 +1,202 @@
+"""`kvgate bench verdicts PLAN --runs N`: does the verdict hold on unchanged code?
+
+Runs the same plan N times, each as its own `kvgate run` process, and reports the
+distribution rather than one lucky run: how often each verdict came out, and for every gate
+its status counts, its value across runs, and its margin to the threshold in units of the
+run-to-run spread (a gate within one spread of its line will flake). Writes
+`verdicts.json` and `verdicts.md` into the output folder; `--json` prints the summary as
+the last line of stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from gates import schema
+from gates.spec import Threshold
+
+EXIT_USAGE = 2
+STATUSES = ("PASS", "MARGINAL", "FAIL", "INVALID")
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="kvgate bench verdicts",
+        description="Run one plan N times and report the distribution of its verdicts.",
+    )
+    p.add_argument("plan", help="plan YAML")
+    p.add_argument("--runs", type=int, default=10, help="how many runs (default 10)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--out", type=Path, default=None, help="folder for the runs and the summary")
+    p.add_argument("--json", action="store_true", help="print the summary JSON as the last line")
+    return p
+
+
+def run_once(plan: str, overrides: Sequence[str], run_dir: Path) -> dict[str, Any]:
+    """One `kvgate run` in its own process; what its verdict and meta say."""
+    command = [sys.executable, "-m", "harness.cli", "run", plan, "--out", str(run_dir)]
+    for item in overrides:
+        command += ["--set", item]
+    started = time.monotonic()
+    proc = subprocess.run(command, capture_output=True, text=True, check=False)
+    wall_s = time.monotonic() - started
+    (run_dir.parent / f"{run_dir.name}.log").write_text(proc.stdout + proc.stderr)
+    record: dict[str, Any] = {"run_dir": str(run_dir), "exit_code": proc.returncode}
+    record["wall_s"] = round(wall_s, 1)
+    verdict_path = run_dir / schema.VERDICT_FILE
+    if not verdict_path.is_file():
+        record |= {"status": "ERROR", "gates": {}, "problems": [proc.stderr[-500:]]}
+        return record
+    verdict = json.loads(verdict_path.read_text())
+    meta = json.loads((run_dir / schema.META_FILE).read_text())
+    record |= {
+        "status": verdict["status"],
+        "problems": verdict["run_problems"],
+        "sim_lag_ms_p99": meta.get("sim_lag_ms_p99"),
+        "cpu_warning": meta.get("cpu_warning"),
+        "gates": {
+            g["id"]: {
+                "status": g["status"],
+                "value": g["value"],
+                "interval": g.get("interval"),
+                "n": g["n_samples"],
+                "censored": g.get("censored", 0),
+                "threshold": g["threshold"],
+                "key": g["key"],
+            }
+            for g in verdict["gates"]
+        },
+    }
+    return record
+
+
+def summarise(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """Verdict counts, and per gate its status counts, values and margin in spreads."""
+    verdicts = Counter(r["status"] for r in records)
+    gate_ids = list(dict.fromkeys(g for r in records for g in r["gates"]))
+    gates: dict[str, Any] = {}
+    for gate_id in gate_ids:
+        seen = [r["gates"][gate_id] for r in records if gate_id in r["gates"]]
+        # verdict.json spells a censored (+inf) value "inf"; float() reads both forms
+        values = [float(g["value"]) for g in seen if g["value"] is not None]
+        statuses = Counter(g["status"] for g in seen)
+        threshold = Threshold.model_validate(seen[0]["threshold"])
+        gates[gate_id] = {
+            "key": seen[0]["key"],
+            "threshold": seen[0]["threshold"],
+            "statuses": dict(statuses),
+            "not_pass": len(seen) - statuses.get("PASS", 0),
+            "values": [_json_number(v) for v in values],
+            "n": [g["n"] for g in seen],
+            "intervals": [g["interval"] for g in seen],
+            "margin_spreads": _json_number(_margin(values, threshold)),
+        }
+    return {
+        "runs": len(records),
+        "verdicts": {s: verdicts.get(s, 0) for s in (*STATUSES, "ERROR") if verdicts.get(s)},
+        "gates": gates,
+        "records": records,
+    }
+
+
+def _json_number(value: float | None) -> float | str | None:
+    """JSON has no infinity: +-inf are written as verdict.json writes them, "inf"/"-inf"."""
+    if value is not None and math.isinf(value):
+        return "inf" if value > 0 else "-inf"
+    return value
+
+
+def _margin(values: list[float], threshold: Threshold) -> float | None:
+    """(distance of the mean to the line, toward passing) / run-to-run standard deviation."""
+    finite = [v for v in values if math.isfinite(v)]
+    if len(finite) < 2 or len(finite) < len(values):
+        return None if len(finite) == len(values) else -math.inf
+    spread = statistics.stdev(finite)
+    mean = statistics.fmean(finite)
+    distance = threshold.value - mean if threshold.higher_is_worse else mean - threshold.value
+    if spread == 0:
+        return math.inf if distance > 0 else -math.inf
+    return distance / spread
+
+
+def markdown(summary: dict[str, Any], plan: str, overrides: Sequence[str]) -> str:
+    counts = ", ".join(f"{k} {v}" for k, v in summary["verdicts"].items())
+    lines = [
+        f"# Verdicts of {plan} {' '.join(f'--set {o}' for o in overrides)}".rstrip(),
+        "",
+        f"{summary['runs']} runs: {counts}",
+        "",
+        "| gate | key | statuses | values (min / median / max) | n (min-max) | margin (spreads) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for gate_id, g in summary["gates"].items():
+        statuses = ", ".join(f"{k} {v}" for k, v in sorted(g["statuses"].items()))
+        values = [float(v) for v in g["values"]]
+        shown = (
+            f"{min(values):.4g} / {statistics.median(values):.4g} / {max(values):.4g}"
+            if values
+            else "no data"
+        )
+        margin = g["margin_spreads"]
+        margin_text = "" if margin is None else f"{float(margin):.2f}"
+        lines.append(
+            f"| {gate_id} | {'yes' if g['key'] else ''} | {statuses} | {shown} | "
+            f"{min(g['n'])}-{max(g['n'])} | {margin_text} |"
+        )
+    lines += [
+        "",
+        "| run | verdict | exit | wall s | sim lag p99 ms | problems |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in summary["records"]:
+        problems = "; ".join(r.get("problems") or [])
+        lines.append(
+            f"| {Path(r['run_dir']).name} | {r['status']} | {r['exit_code']} | {r['wall_s']} | "
+            f"{r.get('sim_lag_ms_p99')} | {problems} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        args = parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    except SystemExit as exc:
+        return 0 if exc.code in (0, None) else EXIT_USAGE
+    if args.runs < 1:
+        print("kvgate bench verdicts: --runs must be at least 1", file=sys.stderr)
+        return EXIT_USAGE
+    if not Path(args.plan).is_file():
+        print(f"kvgate bench verdicts: no such plan file: {args.plan}", file=sys.stderr)
+        return EXIT_USAGE
+    out = args.out or Path("runs") / f"verdicts-{time.strftime('%Y%m%d-%H%M%S')}"
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        print(f"kvgate bench verdicts: cannot create {out}: {exc.strerror}", file=sys.stderr)
+        return EXIT_USAGE
+    records = []
+    for i in range(args.runs):
+        record = run_once(args.plan, args.overrides, out / f"run{i + 1:02d}")
+        records.append(record)
+        print(
+            f"run {i + 1}/{args.runs}: {record['status']} (exit {record['exit_code']}, "
+            f"{record['wall_s']} s)",
+            flush=True,
+        )
+    summary = summarise(records)
+    (out / "verdicts.json").write_text(json.dumps(summary, indent=2) + "\n")
+    (out / "verdicts.md").write_text(markdown(summary, args.plan, args.overrides))
+    print(f"wrote {out / 'verdicts.md'}")
+    if args.json:
+        print(json.dumps({k: v for k, v in summary.items() if k != "records"}))
+    return 0
