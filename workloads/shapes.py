@@ -13,7 +13,9 @@ by itself (`tick()` returns None) and leaves what it did on the instance for the
 - `SoakShape`: phases `ramp`, `soak` and, when `cooldown_s` > 0, `cooldown` (zero users).
 - `PeakTroughShape`: phases `peak` and `trough`, alternating `cycles` times; online and
   batch classes get their own user counts per phase (by default batch users stop at the
-  peak and rise in the trough).
+  peak and rise in the trough). `trough_classes` names further user classes (by class
+  name, e.g. a critical service that only runs while batch work is there to preempt) that
+  follow the batch counts.
 
 The ramp learns rejection and timeout rates live from `environment.events.kvgate_record`.
 """
@@ -229,6 +231,7 @@ class PeakTroughShape(RecordingShape):
     spawn_rate: ClassVar[float] = 20.0
     start_with_peak: ClassVar[bool] = True
     batch_traffic_classes: ClassVar[tuple[str, ...]] = ("batch",)
+    trough_classes: ClassVar[tuple[str, ...]] = ()  # user class names run like batch classes
 
     def __init__(self) -> None:
         super().__init__()
@@ -275,7 +278,10 @@ class PeakTroughShape(RecordingShape):
             raise RuntimeError("PeakTroughShape needs its Locust runner before the first tick")
         classes = list(self.runner.environment.user_classes)
         batch = [
-            c for c in classes if getattr(c, "traffic_class", None) in self.batch_traffic_classes
+            c
+            for c in classes
+            if getattr(c, "traffic_class", None) in self.batch_traffic_classes
+            or c.__name__ in self.trough_classes
         ]
         online = [c for c in classes if c not in batch]
         if not online:

@@ -40,6 +40,10 @@ class SchedulerConfig(BaseModel):
     batch_prefill_pause_watermark: float = Field(0.88, gt=0, lt=1)
     hard_watermark: float = Field(0.92, gt=0, le=1)
     interactive_reserve: float = Field(0.25, ge=0, lt=1)
+    # Share of the pool just below hard_watermark that only critical work may commit: without
+    # it, interactive work commits right up to the hard line and a critical request that
+    # finds no batch work to preempt queues until something finishes.
+    critical_reserve: float = Field(0.02, ge=0, lt=1)
     tenant_max_share: float = Field(0.15, gt=0, le=1)
     queue_deadline_ms: int = Field(8000, ge=1)
     max_new_tokens_default: int = Field(1024, ge=1)
@@ -148,6 +152,11 @@ def _check_watermarks(cfg: SchedulerConfig) -> None:
                 f"{cfg.step_token_budget} tokens = {cfg.step_growth_blocks()} of {pool} "
                 f"blocks); widen the gap or lower step_token_budget"
             )
+    if cfg.hard_watermark - cfg.critical_reserve <= 0:
+        raise ValueError(
+            f"critical_reserve ({cfg.critical_reserve}) leaves no room below hard_watermark "
+            f"({cfg.hard_watermark}) for non-critical work; lower critical_reserve"
+        )
     if 1.0 - cfg.hard_watermark < growth:
         raise ValueError(
             f"hard_watermark ({cfg.hard_watermark}) leaves {1.0 - cfg.hard_watermark:.4f} of "

@@ -99,10 +99,11 @@ class TgiPolicy(Policy):
 
 class SeedPolicy(Policy):
     """The shipped policy. Commitments (blocks in use + reserved headroom) stay at or below
-    hard_watermark x pool for non-critical work, so the replica cannot OOM while real bytes
-    per token stay within the estimate. Critical work may start past the hard watermark, by
-    at most what running batch work commits (never past the pool); the same step then
-    reclaims the excess by preemption in tier order, before any block is allocated."""
+    (hard_watermark - critical_reserve) x pool for non-critical work, so the replica cannot
+    OOM while real bytes per token stay within the estimate, and critical work always finds
+    the reserve free of other classes. Critical work may start up to the hard watermark, and
+    past it by at most what running batch work commits (never past the pool); the same step
+    then reclaims the excess by preemption in tier order, before any block is allocated."""
 
     name = "seed"
     reserve_full = True
@@ -123,7 +124,11 @@ class SeedPolicy(Policy):
         if seq.priority is Priority.CRITICAL:
             # Past the hard line only as far as batch work (always preemptible) can pay back.
             limit = min(s.pool_blocks, hard + s.ledger.commit_by_priority[Priority.BATCH])
-            return Start.NOW if s.committed_blocks + commit <= limit else Start.BLOCKED
+            if s.committed_blocks + commit <= limit:
+                return Start.NOW
+            # Too big for the room left: it waits, but smaller critical requests behind it
+            # (short questions) still start; lower classes stay below the reserve anyway.
+            return Start.SKIP
         if seq.priority is Priority.BATCH:
             long = seq.prompt_len + seq.max_new >= cfg.long_request_tokens
             if long and s.usage > cfg.admission_watermark:
@@ -131,7 +136,8 @@ class SeedPolicy(Policy):
             batch_cap = (1.0 - cfg.interactive_reserve) * s.pool_blocks
             if s.ledger.commit_by_priority[Priority.BATCH] + commit > batch_cap:
                 return Start.SKIP
-        return Start.NOW if s.committed_blocks + commit <= hard else Start.BLOCKED
+        limit = (cfg.hard_watermark - cfg.critical_reserve) * s.pool_blocks
+        return Start.NOW if s.committed_blocks + commit <= limit else Start.BLOCKED
 
     def pause_batch_prefill(self, s: Scheduler) -> bool:
         return s.usage > s.config.batch_prefill_pause_watermark

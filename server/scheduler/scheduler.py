@@ -212,7 +212,7 @@ class Scheduler:
         pool = self.pool.num_blocks
         if not self.policy.enforce_quotas or seq.priority is Priority.CRITICAL:
             return pool
-        ceiling = int(self.config.hard_watermark * pool)
+        ceiling = int((self.config.hard_watermark - self.config.critical_reserve) * pool)
         if seq.priority is Priority.BATCH:
             ceiling = min(ceiling, int((1.0 - self.config.interactive_reserve) * pool))
         return ceiling

@@ -175,3 +175,43 @@ def test_sim_lag_p99_from_histogram_increases_across_a_counter_reset() -> None:
 def test_sim_lag_is_none_without_samples() -> None:
     empty = pd.DataFrame(columns=["t", "target", "metric", "labels", "value"])
     assert sim_lag_ms(empty) == {"p99": None, "max": None}
+
+
+def _lag_rows(target: str, per_second: list[dict[str, int]]) -> list[dict[str, object]]:
+    """Cumulative lag-histogram scrapes, one per second, from per-second bucket counts."""
+    rows: list[dict[str, object]] = []
+    totals: dict[str, int] = {}
+    for t, counts in enumerate(per_second):
+        for le, n in counts.items():
+            totals[le] = totals.get(le, 0) + n
+        for le, value in totals.items():
+            rows.append(
+                {
+                    "t": float(t),
+                    "target": target,
+                    "metric": "kvgate_step_lag_seconds_bucket",
+                    "labels": f"le={le}",
+                    "value": value,
+                }
+            )
+    return rows
+
+
+def test_sim_lag_p99_is_over_time_so_a_starved_burst_is_not_diluted_by_steps() -> None:
+    # 200 seconds of 100 steps each, all under 10 ms, except 3 seconds in which the
+    # simulator was starved: its 5 steps in each of them lagged up to 250 ms. Per step that
+    # is 15 of 20,000 (under 1%); per second it is 3 of 200 (1.5%), and those seconds are
+    # when requests were delayed.
+    quiet = {"0.01": 100, "0.25": 100, "+Inf": 100}
+    starved = {"0.01": 0, "0.25": 5, "+Inf": 5}
+    seconds = [{"0.01": 0, "0.25": 0, "+Inf": 0}]
+    seconds += [starved if t in (3, 4, 5) else quiet for t in range(1, 201)]
+    lag = sim_lag_ms(pd.DataFrame(_lag_rows("r0", seconds)))
+    assert lag["p99"] == 250.0
+
+
+def test_sim_lag_ignores_seconds_in_which_no_step_ran() -> None:
+    quiet = {"0.01": 100, "0.25": 100, "+Inf": 100}
+    idle = {"0.01": 0, "0.25": 0, "+Inf": 0}
+    seconds = [idle, quiet, idle, idle, quiet]
+    assert sim_lag_ms(pd.DataFrame(_lag_rows("r0", seconds)))["p99"] == 10.0

@@ -150,6 +150,31 @@ def test_peak_trough_moves_batch_users_opposite_to_online_ones() -> None:
     assert [p["name"] for p in shape.phases] == ["peak", "trough", "peak", "trough"]
 
 
+class Preemptor(Online):
+    """An online traffic class the plan runs only while batch work is there."""
+
+
+def test_peak_trough_runs_named_trough_classes_with_the_batch_users() -> None:
+    shape = type(
+        "PT",
+        (PeakTroughShape,),
+        {"peak_s": 2, "trough_s": 2, "cycles": 1, "spawn_rate": 5, "peak_users": 4},
+    )()
+    shape.trough_users, shape.trough_batch_users = 4, 3  # type: ignore[misc]
+    shape.trough_classes = ("Preemptor",)  # type: ignore[misc]
+    clock = FakeClock()
+    env = Environment(user_classes=[Online, Offline, Preemptor])
+    shape.get_run_time = clock  # type: ignore[method-assign]
+    shape.runner = SimpleNamespace(environment=env)  # type: ignore[assignment]
+    ticks = drive(shape, clock, 100)
+    assert ticks[:-1] == [
+        (4, 5, [Online]),  # peak: the trough class does not run
+        (4, 5, [Online]),
+        (4, 5, [Online]),  # trough: online users, then batch and trough classes on top
+        (7, 5, [Offline, Preemptor]),
+    ]
+
+
 def test_peak_trough_moves_batch_users_in_a_real_locust_run() -> None:
     shape = type(
         "PT",

@@ -37,6 +37,8 @@ def small_config(**overrides: object) -> SchedulerConfig:
         "long_request_tokens": 1024,
         "tenant_max_share": 1.0,
         "max_queued": 16,
+        # Tests pack the pool to the hard watermark exactly; the critical reserve has its own.
+        "critical_reserve": 0.0,
     }
     values.update(overrides)
     return SchedulerConfig(**values)  # type: ignore[arg-type]

@@ -83,3 +83,53 @@ def test_tgi_reserves_full_max_tokens_never_preempts_and_queues_without_bound() 
         plan = step(s, clock)
         assert plan.preempted == () and plan.expired == ()
     assert len(s.queue) == 36
+
+
+def reserve_scheduler(reserve: float) -> tuple[Scheduler, FakeClock]:
+    clock = FakeClock()
+    cfg = small_config(kv_pool_gib=4.0, step_token_budget=1024, critical_reserve=reserve)
+    return Scheduler(cfg, tenants("a", "sys"), policy="seed", clock=clock), clock
+
+
+def fill_interactive(s: Scheduler) -> None:
+    """Interactive requests of 4 blocks until one queues: the pool is committed for them."""
+    for i in range(10_000):
+        if s.submit(req(f"i{i}", prompt=40, max_new=24)).outcome is Outcome.QUEUE:
+            return
+    raise AssertionError("the pool never filled")
+
+
+def test_seed_keeps_the_critical_reserve_free_of_interactive_work() -> None:
+    s, _ = reserve_scheduler(0.05)
+    fill_interactive(s)
+    hard = s.config.hard_watermark * s.pool_blocks
+    assert s.committed_blocks <= hard - 0.05 * s.pool_blocks
+    # No batch work runs, so nothing could be preempted; the critical request still starts.
+    crit = s.submit(req("crit", tenant="sys", priority=Priority.CRITICAL, prompt=40, max_new=24))
+    assert crit.outcome is Outcome.ADMIT
+    assert s.committed_blocks <= hard
+
+
+def test_without_a_reserve_critical_work_queues_behind_interactive_work() -> None:
+    s, _ = reserve_scheduler(0.0)
+    fill_interactive(s)
+    crit = s.submit(req("crit", tenant="sys", priority=Priority.CRITICAL, prompt=40, max_new=24))
+    assert crit.outcome is Outcome.QUEUE
+
+
+def test_a_critical_request_too_big_for_the_room_does_not_hold_back_a_small_one() -> None:
+    s, clock = reserve_scheduler(0.05)
+    fill_interactive(s)
+    s.submit(req("i-queued-out", prompt=40, max_new=24))  # more interactive work waiting
+    big = s.submit(req("big", tenant="sys", priority=Priority.CRITICAL, prompt=4000, max_new=8))
+    assert big.outcome is Outcome.QUEUE  # needs more than the reserve; no batch to preempt
+    small = s.submit(req("small", tenant="sys", priority=Priority.CRITICAL, prompt=40, max_new=8))
+    assert small.outcome is Outcome.QUEUE  # queues behind it, as arrival order says
+    step(s, clock)
+    assert s.state("small") is not SeqState.WAITING
+    assert s.state("big") is SeqState.WAITING
+
+
+def test_the_reserve_must_leave_room_below_the_hard_watermark() -> None:
+    with pytest.raises(ValueError, match="critical_reserve"):
+        small_config(critical_reserve=0.95)
