@@ -70,6 +70,16 @@ class GateResult:
             text += f" ({self.censored} censored)"
         return text
 
+    def caveats(self) -> list[str]:
+        """What a reader must know before trusting the status: printed beside `value_text()`.
+
+        "needs >= N samples" is left out of a PASS, which is conclusive by definition.
+        """
+        out = ["interval straddles the line"] if self.straddles else []
+        if self.needs_n is not None and self.status != Status.PASS:
+            out.append(f"needs >= {self.needs_n} samples")
+        return out
+
 
 def _number(value: float) -> str:
     if math.isinf(value):

@@ -6,8 +6,10 @@ does before reporting); otherwise the built-in gates are evaluated first.
 
 from __future__ import annotations
 
+import inspect
 import json
 import sys
+from collections import Counter
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -48,7 +50,9 @@ def write_reports(
     numbers: dict[str, Any] = {}
     for figure in FIGURES:
         try:
-            chart, summary = figure(data)
+            # A chart that draws a gate's line asks for the verdict (a `verdict` parameter).
+            wants_verdict = "verdict" in inspect.signature(figure).parameters
+            chart, summary = figure(data, verdict=judged) if wants_verdict else figure(data)
         except (KeyError, ValueError, TypeError, IndexError) as exc:
             # One chart the data defeats must not cost the release manager the whole report.
             why = f"the chart could not be drawn ({type(exc).__name__}: {exc})"
@@ -107,11 +111,45 @@ def _when(epoch: float | None, run: RunData) -> str:
     return f"{stamp} UTC (+{epoch - run.t_start:.1f} s)"
 
 
+def _tally(verdict: Verdict) -> str:
+    """`2 FAIL, 1 MARGINAL, 6 PASS of 9 gates`: the verdict's make-up in one phrase."""
+    counts = Counter(g.status for g in verdict.gates)
+    worst_first = (Status.FAIL, Status.INVALID, Status.MARGINAL)
+    parts = [f"{counts[s]} {s}" for s in worst_first if counts[s]]
+    parts.append(f"{counts[Status.PASS]} PASS")
+    return f"{', '.join(parts)} of {len(verdict.gates)} gates"
+
+
+def _confidence(verdict: Verdict) -> str:
+    """`95%` when every gate's interval has the same confidence (the table's header says it)."""
+    levels = {g.confidence for g in verdict.gates}
+    return f"{100 * levels.pop():g}%" if len(levels) == 1 else "each gate's"
+
+
+def _cell(text: object) -> str:
+    """Text safe inside a Markdown table cell."""
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def _evidence(item: dict[str, Any], run: RunData) -> str:
+    return " ".join(
+        f"{k}={_when(v, run) if k == 't' else (f'{v:.4g}' if isinstance(v, float) else v)}"
+        for k, v in item.items()
+    )
+
+
 def _context(run: RunData, verdict: Verdict, charts: list[Rendered]) -> dict[str, Any]:
+    failed = verdict.failed
     return {
         "verdict": verdict,
         "color": STATUS_COLORS,
-        "failed": verdict.failed,
+        "failed": failed,
+        # Gates that did not pass first (worst first), then the rest in the gate file's order.
+        "ordered": failed + [g for g in verdict.gates if g.status == Status.PASS],
+        "tally": _tally(verdict),
+        "confidence": _confidence(verdict),
+        "cell": _cell,
+        "evidence": lambda item: _evidence(item, run),
         "charts": charts,
         "facts": _run_facts(run),
         "when": lambda t: _when(t, run),

@@ -50,7 +50,7 @@ def test_report_renders_every_chart_without_console_errors(
             )
             page.goto(html.as_uri())
             figures = page.locator("figure[data-chart-id]")
-            assert figures.count() == 10
+            assert figures.count() == 11
             for i in range(figures.count()):
                 figure = figures.nth(i)
                 name = figure.get_attribute("data-chart-id")
@@ -65,6 +65,10 @@ def test_report_renders_every_chart_without_console_errors(
                     name
                 )
             assert page.locator("#verdict").inner_text() == "FAIL"
+            threshold = page.locator("#chart-critical_ttft line.threshold")
+            assert threshold.count() == 1 and threshold.get_attribute("data-at") == "0.9"
+            box = threshold.bounding_box()
+            assert box is not None and box["width"] > 600, "the TTFT line spans the chart"
             shot = tmp_path / "report.png"
             page.screenshot(path=str(shot), full_page=True)
         finally:

@@ -28,7 +28,9 @@ def test_failing_run_report_puts_verdict_and_failed_gates_first(
     summary = paths["markdown"].read_text()
     assert summary.startswith("## kvgate: **FAIL**")
     assert re.search(
-        r"\| Zero OOM during the stress window \(key\) \| FAIL \| 2 \| `count == 0` \|", summary
+        r"\| Zero OOM anywhere in the run \(idle, ramp, load or drain\) \| key \| FAIL "
+        r"\| count = 2\b[^|]*, n = (\d+)[^|]* \| \1 \| `count == 0` \|",
+        summary,
     )
     assert str(paths["html"]) in summary
     report = json.loads(paths["json"].read_text())
@@ -41,7 +43,7 @@ def test_html_is_self_contained(run_copy: Callable[[str], Path]) -> None:
     html = write_reports(run_copy("clean"))["html"].read_text()
     assert "<script" not in html and "<link" not in html
     assert not re.search(r"""(src|href)=["']?(https?:)?//""", html)
-    assert html.count('<svg class="chart"') == 10
+    assert html.count('<svg class="chart"') == 11
 
 
 def test_charts_without_data_say_so(tmp_path: Path) -> None:

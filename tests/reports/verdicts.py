@@ -1,0 +1,63 @@
+"""Hand-made gate results and verdicts carrying intervals, for the report and JUnit tests."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from gates.verdict import GateResult, Status, Verdict
+
+TTFT_TITLE = "P95 TTFT of critical interactive requests at most 900 ms"
+
+
+def ttft_gate(**changes: Any) -> GateResult:
+    gate = GateResult(
+        id="ttft_critical_p95",
+        title=TTFT_TITLE,
+        metric="ttft",
+        key=True,
+        weight=2.0,
+        status=Status.PASS,
+        statistic="p(95)",
+        threshold="p(95) <= 900ms",
+        warn=None,
+        value=0.56,
+        n_samples=127,
+        message="p(95) = 0.56 s is at most 0.9 s even at the interval's top (0.71 s)",
+        filter={"traffic_class": ["short_qa"], "priority": ["critical"], "window": "all"},
+        unit="s",
+        interval=[0.49, 0.71],
+        method="order statistics",
+    )
+    return replace(gate, **changes)
+
+
+def oom_gate(**changes: Any) -> GateResult:
+    gate = GateResult(
+        id="no_oom",
+        title="Zero OOM during the stress window",
+        metric="oom_events",
+        key=True,
+        weight=3.0,
+        status=Status.PASS,
+        statistic="count",
+        threshold="count == 0",
+        warn=None,
+        value=0.0,
+        n_samples=40,
+        message="no OOM",
+        filter={"window": "stress"},
+        unit="count",
+    )
+    return replace(gate, **changes)
+
+
+def verdict(status: Status, *gates: GateResult) -> Verdict:
+    return Verdict(
+        status=status,
+        gates=list(gates),
+        run_problems=[],
+        score=1.0,
+        run_dir="run",
+        gates_file="builtin",
+    )
