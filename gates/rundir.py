@@ -1,30 +1,59 @@
-"""Reading a run directory (gates/schema.py) into pandas tables, Parquet first, JSON lines after.
+"""The one reader of a run directory (gates/schema.py): typed pandas tables and a checked meta.json.
 
-A run that crashed leaves JSON-lines files whose last line may be cut short; that line is
-dropped (and counted), any other unreadable line is an error naming the file and line.
+Gates, reports and the harness's compaction all read through `read_table` and `load_run`.
+Parquet comes first, JSON lines after. Every value is checked against its column's type
+(schema.INT_COLUMNS, schema.FLOAT_COLUMNS, text otherwise) and a value of the wrong kind is
+refused with a RunDirError naming the file, table, column and first offending row: never
+coerced, because a run judged on the rows that survived a coercion could pass on a lie.
+Null is allowed everywhere and means missing. A crash can cut the last line of a JSON-lines
+file short; that line is dropped and counted, any other unreadable line is an error.
 """
 
 from __future__ import annotations
 
 import json
+import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from gates import schema
+from gates.meta import meta_problems
 
 COLUMNS = schema.TABLE_COLUMNS
-# Columns that must be numeric whatever the source wrote (None -> NaN).
 NUMERIC = schema.INT_COLUMNS | schema.FLOAT_COLUMNS
+# Missing text is NaN, like missing numbers: nullable Int64 and pd.NA strings would make
+# boolean masks ambiguous further on.
 TEXT = pd.StringDtype(na_value=np.nan)
+FIX = "fix what wrote the run (null marks a missing value) or re-run; kvgate never guesses a value"
 
 
 class RunDirError(Exception):
     """The run directory cannot be read; the message says what is wrong and what to do."""
+
+
+@dataclass(frozen=True, slots=True)
+class JsonLines:
+    """The objects of a JSON-lines file, the line each came from, and the torn lines dropped."""
+
+    rows: list[dict[str, Any]]
+    line_numbers: list[int]
+    dropped: int
+
+
+@dataclass(frozen=True, slots=True)
+class Table:
+    """One table as read: exactly typed columns, where it came from, lines dropped."""
+
+    frame: pd.DataFrame
+    source: str  # "parquet", "jsonl" or "absent"
+    dropped: int = 0
 
 
 @dataclass(slots=True)
@@ -78,87 +107,236 @@ class RunData:
 def load_run(run_dir: Path | str) -> RunData:
     """Read meta.json and the four tables of `run_dir`."""
     path = Path(run_dir)
-    if not path.is_dir():
+    if not path.exists():
         raise RunDirError(
             f"run directory {path} does not exist; pass the directory `kvgate run` made"
         )
-    meta_path = path / schema.META_FILE
-    if not meta_path.is_file():
-        raise RunDirError(f"{meta_path} is missing; is {path} a kvgate run directory?")
-    try:
-        meta = json.loads(meta_path.read_text())
-    except json.JSONDecodeError as exc:
-        raise RunDirError(f"{meta_path} is not valid JSON ({exc}); the run did not finish") from exc
-    if not isinstance(meta, dict):
-        raise RunDirError(f"{meta_path} must hold a JSON object, found {type(meta).__name__}")
-    tables: dict[str, pd.DataFrame] = {}
-    sources: dict[str, str] = {}
-    truncated: dict[str, int] = {}
-    for name in schema.TABLES:
-        frame, source, dropped = _read_table(path, name)
-        tables[name] = _conform(frame, name)
-        sources[name] = source
-        if dropped:
-            truncated[name] = dropped
+    if not path.is_dir():
+        raise RunDirError(
+            f"{path} is a file, not a run directory; pass the directory `kvgate run` made"
+        )
+    meta = read_meta(path)
+    tables = {name: read_table(path, name) for name in schema.TABLES}
     return RunData(
         path=path,
         meta=meta,
-        requests=tables[schema.REQUESTS],
-        server_events=tables[schema.SERVER_EVENTS],
-        samples=tables[schema.SAMPLES],
-        faults=tables[schema.FAULTS],
-        sources=sources,
-        truncated_lines=truncated,
+        requests=tables[schema.REQUESTS].frame,
+        server_events=tables[schema.SERVER_EVENTS].frame,
+        samples=tables[schema.SAMPLES].frame,
+        faults=tables[schema.FAULTS].frame,
+        sources={name: table.source for name, table in tables.items()},
+        truncated_lines={name: t.dropped for name, t in tables.items() if t.dropped},
     )
 
 
-def _read_table(path: Path, name: str) -> tuple[pd.DataFrame, str, int]:
-    parquet = path / f"{name}.parquet"
+def read_meta(run_dir: Path) -> dict[str, Any]:
+    """meta.json of `run_dir`: refused unless UTF-8 JSON whose known fields have their type."""
+    path = run_dir / schema.META_FILE
+    if not path.is_file():
+        raise RunDirError(f"{path} is missing; is {run_dir} a kvgate run directory?")
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise RunDirError(
+            f"{path} is not UTF-8 (byte {exc.start}: {exc.reason}); "
+            "it was damaged after the run wrote it: restore it or re-run"
+        ) from exc
+    except OSError as exc:
+        raise RunDirError(f"{path} cannot be read ({exc.strerror or exc})") from exc
+    try:
+        meta = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise RunDirError(f"{path} is not valid JSON ({exc}); the run did not finish") from exc
+    if not isinstance(meta, dict):
+        raise RunDirError(
+            f"{path} must hold a JSON object, found {type(meta).__name__}; "
+            "it is not the meta.json `kvgate run` writes"
+        )
+    problems = meta_problems(meta)
+    if problems:
+        raise RunDirError(f"{path}: {'; '.join(problems)}; {FIX}")
+    return meta
+
+
+def read_table(run_dir: Path, name: str) -> Table:
+    """Table `name` of `run_dir`: `<name>.parquet` when compacted, else `<name>.jsonl`."""
+    parquet = run_dir / f"{name}.parquet"
     if parquet.is_file():
-        try:
-            return pq.read_table(parquet).to_pandas(), "parquet", 0
-        except Exception as exc:  # pyarrow raises several types for a damaged file
-            raise RunDirError(
-                f"{parquet} cannot be read ({exc}); delete it to fall back to JSON lines"
-            ) from exc
-    jsonl = path / f"{name}.jsonl"
+        return Table(_read_parquet(parquet, name), "parquet")
+    jsonl = run_dir / f"{name}.jsonl"
     if jsonl.is_file():
-        rows, dropped = _read_jsonl(jsonl)
-        return pd.DataFrame.from_records(rows), "jsonl", dropped
-    return pd.DataFrame(), "absent", 0
+        return read_jsonl_table(jsonl, name)
+    return Table(rows_frame([], name, str), "absent")
 
 
-def _read_jsonl(path: Path) -> tuple[list[dict[str, Any]], int]:
-    lines = path.read_text(errors="replace").splitlines()
+def read_jsonl_table(path: Path, name: str) -> Table:
+    """Table `name` from the JSON-lines file at `path` (compaction reads it this way too)."""
+    lines = read_jsonl(path)
+    numbers = lines.line_numbers
+    frame = rows_frame(lines.rows, name, lambda i: f"{path}:{numbers[i]}")
+    return Table(frame, "jsonl", lines.dropped)
+
+
+def read_jsonl(path: Path) -> JsonLines:
+    """The JSON objects of a JSON-lines file; only a torn last line is forgiven (and counted)."""
+    try:
+        lines = path.read_bytes().split(b"\n")
+    except OSError as exc:
+        raise RunDirError(f"{path} cannot be read ({exc.strerror or exc})") from exc
+    last = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
     rows: list[dict[str, Any]] = []
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
+    numbers: list[int] = []
+    for index, raw in enumerate(lines):
+        if not raw.strip():
             continue
         try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError as exc:
-            if number == len(lines):
-                return rows, 1  # a crash cut the last line short: drop it
-            raise RunDirError(f"{path}:{number} is not valid JSON ({exc})") from exc
-    return rows, 0
+            row = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            if index == last:
+                return JsonLines(rows, numbers, 1)  # a crash cut the last line short: drop it
+            raise RunDirError(
+                f"{path}:{index + 1} is not a line of UTF-8 JSON ({exc}); "
+                "only the last line of a crashed run may be cut short: repair or remove this one"
+            ) from exc
+        if not isinstance(row, dict):
+            raise RunDirError(
+                f"{path}:{index + 1} holds {_describe(row)}, not a JSON object (one row per line)"
+            )
+        rows.append(row)
+        numbers.append(index + 1)
+    return JsonLines(rows, numbers, 0)
 
 
-def _conform(frame: pd.DataFrame, name: str) -> pd.DataFrame:
-    """Add absent schema columns (all missing) and give every column one dtype per kind.
+def rows_frame(rows: list[dict[str, Any]], name: str, where: Callable[[int], str]) -> pd.DataFrame:
+    """Rows of table `name` as a typed frame; `where(i)` names row i in an error message.
 
-    Numeric columns become float64 (NaN for missing) and text columns the NaN-missing string
-    dtype, whatever the writer used (nullable Int64 and pd.NA strings would make boolean
-    masks ambiguous further on).
+    Columns the schema does not name are kept as they came; absent schema columns are null.
     """
-    missing = [c for c in COLUMNS[name] if c not in frame.columns]
-    if missing:
-        extra = pd.DataFrame({c: pd.Series([None] * len(frame), dtype=object) for c in missing})
-        extra.index = frame.index
-        frame = pd.concat([frame, extra], axis=1)
+    columns: dict[str, Any] = {}
     for column in COLUMNS[name]:
+        values = [row.get(column) for row in rows]
+        bad = _first_bad(values, column)
+        if bad is not None:
+            raise RunDirError(_refusal(where(bad), name, column, values[bad]))
         if column in NUMERIC:
-            if frame[column].dtype != np.float64:
-                frame[column] = pd.to_numeric(frame[column], errors="coerce").astype(np.float64)
+            columns[column] = pd.Series(values, dtype=np.float64)
+        else:
+            text = [v if v is None or isinstance(v, str) else json.dumps(v) for v in values]
+            columns[column] = pd.Series(text, dtype=TEXT)
+    extra = {key: None for row in rows for key in row if key not in columns}
+    for column in extra:
+        columns[column] = pd.Series([row.get(column) for row in rows]).infer_objects()
+    frame = pd.DataFrame(columns, index=pd.RangeIndex(len(rows)))
+    _check_whole(frame, name, where)
+    return frame
+
+
+_NUMBER_TYPES = frozenset({int, float, type(None)})
+_TEXT_TYPES = frozenset({str, int, float, bool, type(None)})
+
+
+def _first_bad(values: list[Any], column: str) -> int | None:
+    """Index of the first value of the wrong kind for `column`, or None."""
+    allowed = _NUMBER_TYPES if column in NUMERIC else _TEXT_TYPES
+    if set(map(type, values)) <= allowed:  # the common case, at C speed
+        return None
+    return next(i for i, v in enumerate(values) if type(v) not in allowed)
+
+
+def _check_whole(frame: pd.DataFrame, name: str, where: Callable[[int], str]) -> None:
+    """Integer columns hold whole numbers (or nothing): 3.5 chunks or an infinite pid is a bug."""
+    for column in COLUMNS[name]:
+        if column not in schema.INT_COLUMNS:
+            continue
+        values = frame[column].to_numpy(dtype=np.float64, na_value=np.nan)
+        bad = ~np.isnan(values) & ~(np.isfinite(values) & (np.floor(values) == values))
+        if bad.any():
+            i = int(np.argmax(bad))
+            raise RunDirError(
+                f"{where(i)}: table {name!r}, column {column!r} expects a whole number, "
+                f"found {values[i]!r}; {FIX}"
+            )
+
+
+def _read_parquet(path: Path, name: str) -> pd.DataFrame:
+    try:
+        arrow = pq.read_table(path)
+    except Exception as exc:  # pyarrow raises several types for a damaged file
+        raise RunDirError(
+            f"{path} cannot be read ({exc}); delete it to fall back to JSON lines"
+        ) from exc
+    expected = COLUMNS[name]
+    for column in arrow.column_names:
+        if column not in expected:
+            continue
+        kind = arrow.schema.field(column).type
+        if column in NUMERIC:
+            fits = pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_null(kind)
+        else:
+            fits = not pa.types.is_nested(kind)
+        if not fits:
+            values = arrow.column(column).to_pylist()
+            i = next((i for i, v in enumerate(values) if v is not None), 0)
+            raise RunDirError(
+                _refusal(f"{path} row {i + 1}", name, column, values[i] if values else None)
+                + f" (the column is stored as {kind})"
+            )
+        if column not in NUMERIC and not pa.types.is_string(kind):
+            # Text stored as numbers (a PID as target) reads as its digits, not as 1234.0.
+            arrow = arrow.set_column(
+                arrow.column_names.index(column), column, arrow.column(column).cast(pa.string())
+            )
+    frame = arrow.to_pandas()
+    return _conform(frame, name, lambda i: f"{path} row {i + 1}")
+
+
+def _conform(frame: pd.DataFrame, name: str, where: Callable[[int], str]) -> pd.DataFrame:
+    """Add absent schema columns (all missing) and give every column one dtype per kind."""
+    frame = frame.reset_index(drop=True)
+    for column in COLUMNS[name]:
+        if column not in frame.columns:
+            frame[column] = pd.Series(np.nan if column in NUMERIC else None, index=frame.index)
+        if column in NUMERIC:
+            frame[column] = frame[column].astype(np.float64)
         elif frame[column].dtype != TEXT:
             frame[column] = frame[column].astype(TEXT)
+    _check_whole(frame, name, where)
     return frame
+
+
+def _refusal(where: str, table: str, column: str, value: Any) -> str:
+    expects = (
+        "a whole number"
+        if column in schema.INT_COLUMNS
+        else "a number"
+        if column in NUMERIC
+        else "text"
+    )
+    return (
+        f"{where}: table {table!r}, column {column!r} expects {expects}, "
+        f"found {_describe(value)}; {FIX}"
+    )
+
+
+def _describe(value: Any) -> str:
+    shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
+    if isinstance(value, bool):
+        return f"the boolean {json.dumps(value)}"
+    if isinstance(value, str):
+        return f"the text {shown}"
+    if isinstance(value, list):
+        return f"a list {shown}"
+    if isinstance(value, dict):
+        return f"an object {shown}"
+    if isinstance(value, float) and math.isnan(value):
+        return "NaN"
+    return f"{type(value).__name__} {shown}"
+
+
+def unwritable(exc: OSError) -> str:
+    """What to tell a person when an output file could not be written."""
+    target = exc.filename or "an output file"
+    return (
+        f"could not write {target}: {exc.strerror or exc}; "
+        "make its directory writable (or free space) and run the command again"
+    )

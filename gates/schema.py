@@ -1,13 +1,16 @@
-"""The run-directory contract (DESIGN.md section 6): file names and columns every stage agrees on.
+"""The run directory's layout (DESIGN.md section 6): its files, tables, columns and their types.
 
 The harness writes these tables, gates and reports read them. While a run is going each
 table is an append-only JSON-lines file (`<table>.jsonl`, one object per line, flushed per
 line); at the end the harness compacts each into `<table>.parquet`. Readers prefer Parquet
 and fall back to JSON lines, so a crashed run can still be judged. All cross-process
-timestamps are epoch seconds (float); durations are seconds.
+timestamps are epoch seconds (float); durations are seconds. The names every stage shares
+(traffic classes, priorities, outcomes, the request columns) come from `contract`.
 """
 
 from __future__ import annotations
+
+import contract
 
 META_FILE = "meta.json"
 VERDICT_FILE = "verdict.json"
@@ -20,38 +23,8 @@ FAULTS = "faults"
 TABLES = (REQUESTS, SERVER_EVENTS, SAMPLES, FAULTS)
 
 # One row per request the load generator sent (exactly one, whatever its ending).
-REQUEST_COLUMNS = (
-    "request_id",  # str, also sent as X-Request-Id
-    "traffic_class",  # short_qa | long_context | long_output | shared_prefix | multi_turn
-    #                   | cancel_storm | tenant_burst | batch
-    "tenant",  # str
-    "priority",  # critical | interactive | batch
-    "api_key_name",  # str | None: which key of the tenant was used (never the key itself)
-    "replica",  # str | None: X-Replica response header
-    "worker",  # str: the load-generator process that sent it
-    "t_send",  # float epoch s
-    "ttft_s",  # float | None: first chunk carrying content
-    "e2e_s",  # float | None: send to end of stream / body
-    "itl_mean_s",  # float | None: inter-token (chunk) gaps
-    "itl_p50_s",
-    "itl_p99_s",
-    "itl_max_s",
-    "chunks",  # int: content chunks received
-    "prompt_tokens",  # int | None: from the server's usage
-    "completion_tokens",  # int | None
-    "cached_tokens",  # int | None: usage.prompt_tokens_details.cached_tokens
-    "target_prompt_tokens",  # int: what the workload aimed for
-    "max_tokens",  # int | None: what was asked for
-    "outcome",  # ok | cancelled | rejected | error | timeout | disconnected | protocol_error
-    "http_status",  # int | None
-    "error_code",  # str | None: OpenAI error.code, or the client's own classification
-    "error_message",  # str | None
-    "retry_after_s",  # float | None
-    "cancel_at",  # float | None: epoch s the client closed the connection on purpose
-    "finish_reason",  # str | None
-)
-
-OUTCOMES = ("ok", "cancelled", "rejected", "error", "timeout", "disconnected", "protocol_error")
+REQUEST_COLUMNS = contract.REQUEST_COLUMNS
+OUTCOMES = contract.OUTCOMES
 
 # The server's per-request events, as collected from /debug/events (plus harness-observed
 # replica lifecycle rows: event in {"replica_started", "replica_died", "oom"}).
@@ -157,31 +130,10 @@ META_KEYS = (
     "windows",
 )
 
-# Added for gates and reports (additive; nothing above is renamed).
-TRAFFIC_CLASSES = (
-    "short_qa",
-    "long_context",
-    "long_output",
-    "shared_prefix",
-    "multi_turn",
-    "cancel_storm",
-    "tenant_burst",
-    "batch",
-)
-PRIORITIES = ("critical", "interactive", "batch")
-SERVER_EVENTS_KINDS = (
-    "admitted",
-    "queued",
-    "rejected",
-    "preempted",
-    "resumed",
-    "finished",
-    "cancelled",
-    "released",
-    "replica_started",
-    "replica_died",
-    "oom",
-)
+# The contract's names, for readers of this module (gates/spec.py, tests).
+TRAFFIC_CLASSES = contract.TRAFFIC_CLASSES
+PRIORITIES = contract.PRIORITIES
+SERVER_EVENTS_KINDS = contract.SERVER_EVENT_KINDS
 # Files the reports write into the run directory (rollback files go to the candidate run).
 REPORT_HTML = "report.html"
 SUMMARY_MD = "summary.md"

@@ -25,6 +25,7 @@ import gevent
 from rich.console import Console
 
 from gates import schema
+from gates.rundir import read_table
 from harness import rundir, summary
 from harness.faults import FaultScheduler, ReplicaAdmin
 from harness.loadgen import Distribution, LoadGenerator
@@ -296,8 +297,9 @@ class Orchestrator:
     def _write_meta(
         self, status: str, error: str | None = None, counts: dict[str, int] | None = None
     ) -> None:
-        samples = rundir.read_table(self.run_dir, schema.SAMPLES) if counts else None
-        lag = summary.sim_lag_ms(samples) if samples is not None else {"p99": None, "max": None}
+        lag: dict[str, float | None] = {"p99": None, "max": None}
+        if counts and schema.SAMPLES in counts:
+            lag = summary.sim_lag_ms(read_table(self.run_dir, schema.SAMPLES).frame)
         phases, capacity = self._shape_facts()
         gen = self.loadgen
         meta: dict[str, Any] = {

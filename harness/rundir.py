@@ -4,12 +4,14 @@ Each table has exactly one writer per process and one file per writer role, so t
 processes never append to the same file: the Locust process owns requests and faults, the
 sampler process owns samples and server_events. Every line is flushed as it is written, so
 a crash loses at most the line being written. `compact` turns each table into Parquet at the
-end; readers fall back to the JSON lines when a run died before that.
+end; readers (gates/rundir.py, the one reader, which compaction uses too) fall back to the
+JSON lines when a run died before that.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import threading
@@ -20,8 +22,10 @@ from typing import Any, TextIO
 import pandas as pd
 
 from gates import schema
+from gates.rundir import RunDirError, read_jsonl_table, rows_frame
 
 COLUMNS = schema.TABLE_COLUMNS
+log = logging.getLogger(__name__)
 
 
 def _clean(value: Any) -> Any:
@@ -66,61 +70,41 @@ class TableWriter:
                 self._file = None
 
 
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """Rows of a JSON-lines file; a torn last line (crash mid-write) is skipped."""
-    rows: list[dict[str, Any]] = []
-    if not path.exists():
-        return rows
-    with path.open(encoding="utf-8") as f:
-        for line in f:
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
-    return rows
-
-
-def table_frame(rows: list[dict[str, Any]], table: str) -> pd.DataFrame:
-    """A DataFrame with exactly the table's columns and stable dtypes."""
-    columns = COLUMNS[table]
-    frame = pd.DataFrame(rows, columns=list(columns))
-    for col in columns:
-        if col in schema.INT_COLUMNS:
-            frame[col] = pd.to_numeric(frame[col], errors="coerce").astype("Int64")
-        elif col in schema.FLOAT_COLUMNS:
-            frame[col] = pd.to_numeric(frame[col], errors="coerce").astype("float64")
-        else:
-            frame[col] = frame[col].astype("string")
-    return frame
-
-
-def read_table(run_dir: Path, table: str) -> pd.DataFrame:
-    """A table of a run directory: Parquet when compacted, else its JSON lines."""
-    parquet = run_dir / f"{table}.parquet"
-    if parquet.exists():
-        return pd.read_parquet(parquet)
-    return table_frame(read_jsonl(run_dir / f"{table}.jsonl"), table)
-
-
 def compact(run_dir: Path) -> dict[str, int]:
     """Turn every `<table>.jsonl` into `<table>.parquet` (atomically), then drop the JSON lines.
 
+    The JSON lines are read by the gates' reader, so compaction refuses exactly what a reader
+    would: a table it cannot read keeps its JSON lines (the error is logged, and `kvgate gate`
+    names it again) instead of costing the run its meta.json. A torn last line is dropped.
     A table nobody wrote still gets an empty Parquet file, so readers see every table.
-    Returns the row count per table.
+    Returns the row count of each table compacted.
     """
     counts: dict[str, int] = {}
     for table in schema.TABLES:
         jsonl = run_dir / f"{table}.jsonl"
-        frame = table_frame(read_jsonl(jsonl), table)
+        try:
+            read = read_jsonl_table(jsonl, table) if jsonl.exists() else None
+        except RunDirError as exc:
+            log.error("%s stays as JSON lines: %s", table, exc)
+            continue
+        frame = read.frame if read is not None else rows_frame([], table, str)
+        if read is not None and read.dropped:
+            log.warning("%s: dropped a torn last line (the run was cut short)", jsonl)
         tmp = run_dir / f".{table}.parquet.tmp"
-        frame.to_parquet(tmp, index=False)
+        _storage(frame, table).to_parquet(tmp, index=False)
         os.replace(tmp, run_dir / f"{table}.parquet")
         jsonl.unlink(missing_ok=True)
         counts[table] = len(frame)
     return counts
+
+
+def _storage(frame: pd.DataFrame, table: str) -> pd.DataFrame:
+    """Integer columns as nullable integers, so Parquet types never depend on the data."""
+    out = frame.copy()
+    for column in COLUMNS[table]:
+        if column in schema.INT_COLUMNS:
+            out[column] = out[column].astype("Int64")
+    return out
 
 
 def write_meta(run_dir: Path, meta: Mapping[str, Any]) -> Path:
@@ -130,8 +114,3 @@ def write_meta(run_dir: Path, meta: Mapping[str, Any]) -> Path:
     tmp.write_text(json.dumps(meta, indent=2, sort_keys=True, default=str) + "\n")
     os.replace(tmp, path)
     return path
-
-
-def read_meta(run_dir: Path) -> dict[str, Any]:
-    meta: dict[str, Any] = json.loads((run_dir / schema.META_FILE).read_text())
-    return meta

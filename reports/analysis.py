@@ -11,10 +11,12 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from pandas.api.typing import SeriesGroupBy
 
 from gates.metrics import REGISTRY
 from gates.rundir import RunData
 from gates.spec import GateFilter
+from gates.stats import percentile
 from gates.windows import counter_increase, isin, label_value
 
 BUCKETS = 240
@@ -127,10 +129,14 @@ def ttft_quantiles(run: RunData) -> pd.DataFrame:
         return pd.DataFrame(columns=["group", "p50", "p95", "p99", "n"])
     group = rows["traffic_class"].astype(str) + "/" + rows["priority"].astype(str)
     grouped = rows["ttft_s"].groupby(group)
-    out = grouped.quantile([0.5, 0.95, 0.99]).unstack()
-    out.columns = ["p50", "p95", "p99"]
+    out = pd.DataFrame({f"p{q}": _percentile(grouped, q) for q in (50, 95, 99)})
     out["n"] = grouped.size()
     return out.reset_index(names="group")
+
+
+def _percentile(grouped: SeriesGroupBy, q: float) -> pd.Series:
+    """The q-th percentile of each group, by the gates' definition (missing values left out)."""
+    return grouped.agg(lambda values: percentile(values.dropna().to_numpy(dtype=float), q))
 
 
 def release_latencies(run: RunData, flt: GateFilter | None = None) -> pd.DataFrame:
@@ -145,7 +151,7 @@ def tenant_shares(run: RunData) -> pd.DataFrame:
     if obs.n_samples == 0:
         return pd.DataFrame(columns=["tenant", "max", "p95"])
     grouped = obs.frame.groupby("tenant")["value"]
-    return pd.DataFrame({"max": grouped.max(), "p95": grouped.quantile(0.95)}).reset_index()
+    return pd.DataFrame({"max": grouped.max(), "p95": _percentile(grouped, 95)}).reset_index()
 
 
 def preempted_fates(run: RunData) -> pd.Series:
@@ -198,8 +204,8 @@ def reservation_error_by_length(errors: pd.DataFrame) -> pd.DataFrame:
     grouped = errors["error"].groupby(length, observed=True)
     out = pd.DataFrame(
         {
-            "median": grouped.median(),
-            "p95": grouped.quantile(0.95),
+            "median": _percentile(grouped, 50),
+            "p95": _percentile(grouped, 95),
             "under_reserved": (errors["error"] > 0).groupby(length, observed=True).mean(),
             "n": grouped.size(),
         }

@@ -20,8 +20,8 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from gates import schema
-from gates.synthetic import make_run
 from reports.cli import Parser, parse
+from reports.synthetic import make_run
 
 TARGET_SECONDS = 20.0
 TARGET_RSS_GIB = 4.0

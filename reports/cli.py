@@ -1,4 +1,8 @@
-"""`kvgate report RUN_DIR`: write report.html, summary.md, report.json (exit 0; 2: bad input)."""
+"""`kvgate report RUN_DIR`: write report.html, summary.md, report.json.
+
+Exit codes: 0 written; 2 bad input (arguments, run directory, gate file) or an output that
+cannot be written.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +11,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from gates.rundir import RunDirError
+from gates.rundir import RunDirError, unwritable
 from gates.spec import GateSpecError
 from gates.verdict import EXIT_USAGE
 from reports.build import write_reports
@@ -47,6 +51,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         paths = write_reports(args.run_dir)
     except (RunDirError, GateSpecError) as exc:
         print(f"kvgate report: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except OSError as exc:  # the reader turns its own OSErrors into RunDirError: this is a write
+        print(f"kvgate report: {unwritable(exc)}", file=sys.stderr)
         return EXIT_USAGE
     for path in paths.values():
         print(f"wrote {path}")

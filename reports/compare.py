@@ -18,6 +18,7 @@ import pandas as pd
 from scipy.stats import mannwhitneyu
 
 from gates.rundir import RunData
+from gates.stats import percentile
 from gates.verdict import Verdict, _clean
 from reports import analysis
 
@@ -125,8 +126,8 @@ def latency_tests(candidate: RunData, baseline: RunData) -> list[LatencyTest]:
                     group,
                     len(a),
                     len(b),
-                    float(np.median(a)),
-                    float(np.median(b)),
+                    percentile(a, 50),
+                    percentile(b, 50),
                     p_value,
                     effect,
                 )
@@ -157,8 +158,8 @@ def reservation_summary(run: RunData) -> dict[str, float | None]:
     e = errors["error"].to_numpy(dtype=float)
     return {
         "n": len(e),
-        "median_error": float(np.median(e)),
-        "p95_error": float(np.percentile(e, 95)),
+        "median_error": percentile(e, 50),
+        "p95_error": percentile(e, 95),
         "under_reserved": float(np.mean(e > 0)),
     }
 

@@ -1,7 +1,8 @@
 """`kvgate compare CANDIDATE_RUN BASELINE_RUN [--out DIR] [--gates FILE]`: the rollback decision.
 
 Writes rollback.md and rollback.json (into the candidate run, or --out); exits 0 promote,
-4 hold, 3 rollback, 2 usage.
+4 hold, 3 rollback, 2 usage (bad arguments, run directories or gate file, or an output that
+cannot be written).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from gates import schema
-from gates.rundir import RunDirError, load_run
+from gates.rundir import RunDirError, load_run, unwritable
 from gates.spec import GateSpecError, load_gate_file
 from gates.verdict import EXIT_USAGE
 from reports.charts import env
@@ -58,7 +59,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (RunDirError, GateSpecError) as exc:
         print(f"kvgate compare: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    paths = write_rollback(comparison, args.out or args.candidate)
+    try:
+        paths = write_rollback(comparison, args.out or args.candidate)
+    except OSError as exc:
+        print(f"kvgate compare: {unwritable(exc)}", file=sys.stderr)
+        return EXIT_USAGE
     print(
         f"decision: {comparison.decision}"
         + (

@@ -7,19 +7,25 @@ import argparse
 from importlib import metadata
 from pathlib import Path
 
+import contract
 from server.engine.gpus import GPUS
 from server.scheduler import PROFILES, SchedulerConfig
 from server.tenants import DEFAULT_TENANTS_PATH
 from server.tokenizer import DEFAULT_TOKENIZER_PATH
 
-POLICIES = ("seed", "vllm", "tgi", "naive")
-
 
 def add_engine_args(parser: argparse.ArgumentParser) -> None:
     """Flags every replica takes; `serve` passes them through to its replicas."""
-    parser.add_argument("--policy", choices=POLICIES, default="seed", help="scheduler policy")
+    parser.add_argument(
+        "--policy",
+        choices=contract.POLICIES,
+        default=contract.DEFAULT_POLICY,
+        help="scheduler policy",
+    )
     parser.add_argument("--config", type=Path, help="scheduler.yaml (default: seed defaults)")
-    parser.add_argument("--gpu", choices=sorted(GPUS), default="h100-80gb", help="virtual GPU")
+    parser.add_argument(
+        "--gpu", choices=sorted(GPUS), default=contract.DEFAULT_GPU, help="virtual GPU"
+    )
     parser.add_argument(
         "--model", choices=sorted(PROFILES), help="model profile (default: the config's model)"
     )

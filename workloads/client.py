@@ -3,7 +3,7 @@
 It reads the socket as bytes arrive (no 1 KiB buffering), times TTFT at the first chunk that
 carries content, every inter-chunk gap and end-to-end on `time.perf_counter()`, takes token
 counts from the final usage chunk, cancels on purpose by closing the connection, and turns
-every way a request can end into one of the outcomes of `gates.schema.OUTCOMES` instead of
+every way a request can end into one of the outcomes of `contract.OUTCOMES` instead of
 raising. Connections are kept alive and reused when the server ends the body cleanly.
 """
 

@@ -14,6 +14,7 @@ import gevent
 from gevent import GreenletExit
 from gevent.hub import Waiter
 
+import contract
 from workloads.connection import Connection
 from workloads.request import StreamRequest, StreamResult
 from workloads.wire import (
@@ -33,11 +34,9 @@ from workloads.wire import (
 if TYPE_CHECKING:
     from workloads.client import StreamClient
 
-# Error codes that mean "the server decided not to serve this now" (DESIGN.md section 3).
-REJECTION_CODES = frozenset(
-    {"tenant_quota", "capacity", "deadline_expired", "too_long", "priority_not_allowed"}
-)
-REJECTION_STATUSES = frozenset({429, 503})
+# Error codes and statuses that mean "the server decided not to serve this now".
+REJECTION_CODES = frozenset(contract.REJECT_CODES)
+REJECTION_STATUSES = frozenset(contract.RETRY_STATUSES)
 MAX_ERROR_BODY_BYTES = 256 * 1024
 
 

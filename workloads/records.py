@@ -1,7 +1,7 @@
 """Per-request records and the one Locust hook they leave through.
 
-`RequestRecord` has exactly the columns of `gates.schema.REQUEST_COLUMNS`, in that order (a
-test keeps the two in step; `workloads` may not import `gates`). Every finished request fires
+`RequestRecord` has exactly the columns of `contract.REQUEST_COLUMNS`, in that order (a test
+keeps the two in step). Every finished request fires
 `environment.events.kvgate_record.fire(record=...)` exactly once — the harness listens there
 and writes `requests.jsonl` — and Locust's own `request` event for the web UI and CSVs.
 """

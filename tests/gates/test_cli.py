@@ -10,7 +10,7 @@ import pytest
 
 from gates import evaluate_run
 from gates.cli import main
-from gates.synthetic import make_run
+from reports.synthetic import make_run
 
 
 @pytest.fixture(scope="module")

@@ -14,9 +14,10 @@ import psutil
 import pytest
 
 from gates import schema
+from gates.rundir import read_jsonl
 from harness.faults import FaultError, FaultScheduler
 from harness.plan import Fault
-from harness.rundir import TableWriter, read_jsonl
+from harness.rundir import TableWriter
 
 
 class FakeAdmin:
@@ -57,7 +58,7 @@ def procs() -> Any:
 
 
 def rows(tmp_path: Path) -> list[dict[str, Any]]:
-    return read_jsonl(tmp_path / f"{schema.FAULTS}.jsonl")
+    return read_jsonl(tmp_path / f"{schema.FAULTS}.jsonl").rows
 
 
 def test_kill_then_restart_is_recorded(tmp_path: Path, procs: dict[str, Any]) -> None:

@@ -6,8 +6,9 @@ import json
 from pathlib import Path
 
 from gates import schema
+from gates.rundir import read_jsonl
 from harness.progress import PoolTail
-from harness.rundir import TableWriter, read_jsonl
+from harness.rundir import TableWriter
 from harness.sink import RecordSink
 
 
@@ -23,7 +24,7 @@ def test_sink_writes_each_request_once_and_counts_outcomes(tmp_path: Path) -> No
     written = [sink.add(row) for row in rows]
     assert written == [True, True, True, True, False]
     assert sink.total == 4 and sink.duplicates == 1
-    assert [r["request_id"] for r in read_jsonl(tmp_path / "requests.jsonl")] == [
+    assert [r["request_id"] for r in read_jsonl(tmp_path / "requests.jsonl").rows] == [
         "a",
         "b",
         "c",

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gates.synthetic import make_run
+from reports.synthetic import make_run
 
 
 @pytest.fixture(scope="session")

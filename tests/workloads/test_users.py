@@ -13,14 +13,13 @@ import pytest
 from locust import User
 from locust.env import Environment
 
-from gates import schema
-from harness.plan import TRAFFIC_CLASSES as PLAN_CLASSES
+import contract
 from tests.workloads.fakes import FakeServer, fake_server
 from workloads.records import RequestRecord, install_record_hook
 from workloads.users import USER_CLASSES
 from workloads.users import base as users_base
 
-TRAFFIC_CLASSES = set(schema.TRAFFIC_CLASSES)
+TRAFFIC_CLASSES = set(contract.TRAFFIC_CLASSES)
 
 
 @pytest.fixture
@@ -50,7 +49,7 @@ def sent(server: FakeServer) -> list[tuple[dict[str, str], dict[str, Any]]]:
 
 def test_registry_covers_every_traffic_class() -> None:
     # harness/plan.py keeps its own list (validating a plan must not import locust): same names.
-    assert set(USER_CLASSES) == set(PLAN_CLASSES)
+    assert set(USER_CLASSES) == set(contract.USER_CLASSES)
     assert {c.traffic_class for c in USER_CLASSES.values()} == TRAFFIC_CLASSES  # type: ignore[attr-defined]
     assert USER_CLASSES["long_context"].prompt_tokens == 32_000  # type: ignore[attr-defined]
 

@@ -1,4 +1,5 @@
-"""Synthetic run directories, vectorised with numpy: for the analysis benchmark and report tests.
+"""Synthetic run directories, vectorised with numpy: benchmark data for the analysis benchmark
+and the gate and report tests (not part of judging, so it lives outside `gates`).
 
 `clean` looks like the seed policy behaving (no OOM, fast release, shares under the cap);
 `oom` looks like the naive policy (under-reserved requests, OOM and a dead replica, slow
@@ -17,10 +18,11 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+import contract
 from gates import schema
 
 T0 = 1_767_225_600.0  # 2026-01-01T00:00:00Z
-CLASSES = np.array(schema.TRAFFIC_CLASSES)
+CLASSES = np.array(contract.TRAFFIC_CLASSES)
 CLASS_WEIGHTS = np.array([0.35, 0.08, 0.08, 0.12, 0.1, 0.1, 0.07, 0.1])
 TENANTS = np.array(["acme", "globex", "initech"])
 REPLICAS = np.array(["r0", "r1"])
@@ -105,7 +107,7 @@ def _meta(line: Timeline, flavour: Flavour, seed: int) -> dict[str, Any]:
                 "admission_watermark": 0.82,
                 "batch_prefill_pause_watermark": 0.88,
                 "hard_watermark": 0.92,
-                "tenant_max_share": 0.15,
+                "tenant_max_share": contract.TENANT_MAX_SHARE,
             },
         },
         "harness_version": "synthetic",

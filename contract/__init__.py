@@ -1,0 +1,138 @@
+"""The one place for the names and numbers every stage of kvgate agrees on.
+
+Traffic classes, priorities, policies, GPUs and models, request outcomes, reject codes, the
+columns of a request record and the release limits live here and nowhere else; a stage that
+needs one imports it instead of keeping its own copy, so one change is made in one place.
+This is a top-level package, not part of `gates` or `harness`, because every stage may
+import it: the server (which the harness reaches only over HTTP and never imports),
+the workloads (which may not import harness, gates or reports), the harness, the gates and
+the reports. It imports nothing but the standard library, so importing it never drags one
+stage into another.
+"""
+
+from __future__ import annotations
+
+from types import MappingProxyType
+from typing import Final
+
+# -- what a request is --------------------------------------------------------------------
+
+# A request record's `traffic_class` (the run directory's value).
+TRAFFIC_CLASSES: Final = (
+    "short_qa",
+    "long_context",
+    "long_output",
+    "shared_prefix",
+    "multi_turn",
+    "cancel_storm",
+    "tenant_burst",
+    "batch",
+)
+# The Locust user classes a plan mixes: the traffic classes, with short Q&A split by
+# priority (both of those record `short_qa`).
+USER_CLASSES: Final = (
+    "short_qa_critical",
+    "short_qa_interactive",
+    "long_context",
+    "long_output",
+    "shared_prefix",
+    "multi_turn",
+    "cancel_storm",
+    "tenant_burst",
+    "batch",
+)
+# Highest first: the order in which a scheduler serves and protects them.
+PRIORITIES: Final = ("critical", "interactive", "batch")
+
+# How every request ends, as the load generator classifies it.
+OUTCOMES: Final = (
+    "ok",
+    "cancelled",
+    "rejected",
+    "error",
+    "timeout",
+    "disconnected",
+    "protocol_error",
+)
+
+# -- how a server says no -------------------------------------------------------------------
+
+# The OpenAI error `code` of a refusal and its HTTP status.
+REJECT_STATUS: Final = MappingProxyType(
+    {
+        "tenant_quota": 429,
+        "capacity": 503,
+        "deadline_expired": 503,
+        "too_long": 400,
+        "priority_not_allowed": 403,
+    }
+)
+REJECT_CODES: Final = tuple(REJECT_STATUS)
+# Statuses that mean "not now": they carry Retry-After, and a client counts them as refused
+# whatever the body says. An explicit refusal is one of these, not a timeout.
+RETRY_STATUSES: Final = (429, 503)
+
+# -- the system under test ------------------------------------------------------------------
+
+POLICIES: Final = ("seed", "vllm", "tgi", "naive")
+GPUS: Final = ("h100-80gb", "h200-141gb", "a100-80gb")
+MODELS: Final = ("llama-3-8b", "llama-3-70b", "qwen2.5-7b")
+DEFAULT_POLICY: Final = "seed"
+DEFAULT_GPU: Final = "h100-80gb"
+DEFAULT_MODEL: Final = "llama-3-8b"
+
+# The server's per-request events, plus the replica lifecycle rows the harness observes.
+SERVER_EVENT_KINDS: Final = (
+    "admitted",
+    "queued",
+    "rejected",
+    "preempted",
+    "resumed",
+    "finished",
+    "cancelled",
+    "released",
+    "replica_started",
+    "replica_died",
+    "oom",
+)
+
+# -- one row per request --------------------------------------------------------------------
+
+# The `requests` table's columns, in order; the workloads' record has exactly these fields.
+REQUEST_COLUMNS: Final = (
+    "request_id",  # str, also sent as X-Request-Id
+    "traffic_class",  # one of TRAFFIC_CLASSES
+    "tenant",  # str
+    "priority",  # one of PRIORITIES
+    "api_key_name",  # str | None: which key of the tenant was used (never the key itself)
+    "replica",  # str | None: X-Replica response header
+    "worker",  # str: the load-generator process that sent it
+    "t_send",  # float epoch s
+    "ttft_s",  # float | None: first chunk carrying content
+    "e2e_s",  # float | None: send to end of stream / body
+    "itl_mean_s",  # float | None: inter-token (chunk) gaps
+    "itl_p50_s",
+    "itl_p99_s",
+    "itl_max_s",
+    "chunks",  # int: content chunks received
+    "prompt_tokens",  # int | None: from the server's usage
+    "completion_tokens",  # int | None
+    "cached_tokens",  # int | None: usage.prompt_tokens_details.cached_tokens
+    "target_prompt_tokens",  # int: what the workload aimed for
+    "max_tokens",  # int | None: what was asked for
+    "outcome",  # one of OUTCOMES
+    "http_status",  # int | None
+    "error_code",  # str | None: OpenAI error.code, or the client's own classification
+    "error_message",  # str | None
+    "retry_after_s",  # float | None
+    "cancel_at",  # float | None: epoch s the client closed the connection on purpose
+    "finish_reason",  # str | None
+)
+
+# -- the release limits ---------------------------------------------------------------------
+# The gate file (gates/builtin.yaml) states these as data; a test keeps the two equal.
+
+TTFT_CRITICAL_P95_S: Final = 0.9  # p95 time to first token of critical traffic, at most
+CANCEL_RELEASE_P99_S: Final = 2.0  # p99 cancel to blocks released, under
+TENANT_MAX_SHARE: Final = 0.15  # no tenant holds more of the KV pool than this
+PREEMPTED_COMPLETION_MIN: Final = 0.99  # share of preempted requests that finish, above
