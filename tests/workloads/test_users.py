@@ -152,6 +152,14 @@ def test_cancel_storm_opens_a_burst_and_cancels_each_stream() -> None:
     assert all(r.outcome == "cancelled" and r.chunks == 2 and r.cancel_at for r in records)
 
 
+def test_a_batch_job_runner_submits_its_items_in_chunks() -> None:
+    with fake_server(tokens=20, gap_s=0.01) as srv:
+        user, records = make_user("batch", srv.url, chunk_size=5)
+        run_task(user)
+        assert srv.connections == 5  # the chunk is in flight at once
+    assert len(records) == 5 and all(r.outcome == "ok" and r.priority == "batch" for r in records)
+
+
 def test_batch_backs_off_as_retry_after_asks(server: FakeServer) -> None:
     user, records = make_user(
         "batch", server.url, extra_headers={"X-Fake": "reject"}, max_retry_sleep_s=0.2

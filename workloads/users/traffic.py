@@ -178,7 +178,10 @@ class TenantBurst(KvgateUser):
 
 
 class Batch(KvgateUser):
-    """Offline work: low priority, high volume, closed loop; backs off as Retry-After asks."""
+    """Offline work: low priority, high volume, closed loop; backs off as Retry-After asks.
+
+    A job runner submits `chunk_size` items at once and waits for the chunk to finish, so a
+    few users keep many offline requests in flight, as real batch pipelines do."""
 
     traffic_class = "batch"
     label = "batch"
@@ -188,7 +191,11 @@ class Batch(KvgateUser):
     timeout_s = 120.0
     honour_retry_after = True
     wait_time = constant(0.05)
+    chunk_size: ClassVar[int] = 1
 
     @task
     def process_item(self) -> None:
-        self.send_prompt()
+        if self.chunk_size > 1:
+            self.burst(self.chunk_size, self.send_prompt)
+        else:
+            self.send_prompt()
