@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from gates import schema
+import contract
 from gates.registry import Observations, metric
 from gates.rundir import RunData
 from gates.spec import GateFilter
@@ -30,8 +30,8 @@ from gates.windows import (
 
 REQUEST_FILTERS = ("traffic_class", "priority", "tenant", "window")
 RELEASE_HISTOGRAM = "kvgate_release_latency_seconds_bucket"
-EXPLICIT_STATUSES = (429, 503)
-# Endings that are the server's failure to answer: censored latencies, never explicit refusals.
+# Endings that are the server's failure to answer. With any 5xx (a 503 capacity refusal
+# included: the server could not serve it) they are censored latencies (+inf).
 FAILED_OUTCOMES = ("error", "timeout", "disconnected", "protocol_error")
 
 
@@ -110,7 +110,7 @@ def e2e(run: RunData, flt: GateFilter, params: Mapping[str, Any]) -> Observation
     unit="fraction",
     kind="rate",
     params={"outcome": "timeout"},
-    choices={"outcome": schema.OUTCOMES},
+    choices={"outcome": contract.OUTCOMES},
 )
 def outcome_rate(run: RunData, flt: GateFilter, params: Mapping[str, Any]) -> Observations:
     """1 for each request that ended with the given outcome, 0 otherwise (use `rate`)."""
@@ -229,7 +229,9 @@ def _release_from_histogram(run: RunData, flt: GateFilter) -> Observations:
     return Observations(frame=frame, n_samples=len(values), notes=[note])
 
 
-NOT_A_PREEMPTION_FATE = ("replica_failed", "user_stopped")
+# Endings the server did not choose: the replica under the request was killed (the
+# failover gates judge that), or the load generator stopped it at the end of the load.
+CUT_SHORT = ("replica_failed", "user_stopped")
 
 
 @metric(
@@ -248,7 +250,7 @@ def preempted_completion(run: RunData, flt: GateFilter, params: Mapping[str, Any
     # A request whose replica was killed under it, or that was still running when the load
     # stopped, never had its chance to finish: that is gate 8's business (or the run's end),
     # not evidence of starvation after preemption.
-    cut_short = rows["error_code"].isin(NOT_A_PREEMPTION_FATE)
+    cut_short = rows["error_code"].isin(CUT_SHORT)
     rows = rows[~cut_short]
     if rows.empty:
         return Observations.none(
@@ -277,19 +279,22 @@ def explicit_refusal(run: RunData, flt: GateFilter, params: Mapping[str, Any]) -
     Counted: every request that did not end ok and was not cancelled by its client —
     rejections, errors (a 500 is not a refusal), timeouts, disconnects, protocol errors.
     Left out: 4xx other than 429 (the request itself was wrong: too long, a priority its key
-    does not allow), which are the client's to fix, not the server's way of shedding load.
+    does not allow), which are the client's to fix, not the server's way of shedding load;
+    and requests cut short by a killed replica or the end of the load (`CUT_SHORT`).
     """
     rows = select(run.requests, run, flt, "t_send")
     if isinstance(rows, str):
         return Observations.none(rows)
     status = rows["http_status"]
     client_fault = status.ge(400) & status.lt(500) & status.ne(429)
-    unserved = rows[~rows["outcome"].isin(("ok", "cancelled")) & ~client_fault]
+    cut_short = rows["error_code"].isin(CUT_SHORT)
+    unserved = rows[~rows["outcome"].isin(("ok", "cancelled")) & ~client_fault & ~cut_short]
     if unserved.empty:
         return Observations.none(
             f"no {_describe(flt)} request was refused or failed; no pressure to judge"
         )
-    explicit = unserved["http_status"].isin(EXPLICIT_STATUSES) & unserved["retry_after_s"].notna()
+    retry_status = unserved["http_status"].isin(contract.RETRY_STATUSES)
+    explicit = retry_status & unserved["retry_after_s"].notna()
     frame = _evidence(unserved, explicit.astype(float), "t_send")
     frame["detail"] = (
         unserved["outcome"].astype(str) + " status=" + unserved["http_status"].astype(str)
@@ -298,4 +303,9 @@ def explicit_refusal(run: RunData, flt: GateFilter, params: Mapping[str, Any]) -
     notes = ["counted: " + ", ".join(f"{n} {k}" for k, n in counts.value_counts().items())]
     if client_fault.any():
         notes.append(f"left out: {int(client_fault.sum())} client errors (4xx other than 429)")
+    if cut_short.any():
+        notes.append(
+            f"left out: {int(cut_short.sum())} requests cut short by a killed replica "
+            "or the end of the load"
+        )
     return Observations(frame=frame, n_samples=len(unserved), notes=notes)

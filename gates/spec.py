@@ -18,7 +18,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from gates import schema
+import contract
 
 BUILTIN_GATES = Path(__file__).with_name("builtin.yaml")
 
@@ -109,8 +109,8 @@ class GateFilter(BaseModel):
     """Which records a gate looks at; `window` is a named time window of the run."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    traffic_class: list[Literal[schema.TRAFFIC_CLASSES]] | None = None  # type: ignore[valid-type]
-    priority: list[Literal[schema.PRIORITIES]] | None = None  # type: ignore[valid-type]
+    traffic_class: list[Literal[contract.TRAFFIC_CLASSES]] | None = None  # type: ignore[valid-type]
+    priority: list[Literal[contract.PRIORITIES]] | None = None  # type: ignore[valid-type]
     tenant: list[str] | None = None
     window: str = "all"
 
@@ -228,9 +228,13 @@ def load_gate_file(path: Path | None = None) -> GateFile:
     """Parse and validate a gate file (the built-in gates when `path` is None)."""
     source = path or BUILTIN_GATES
     try:
-        text = source.read_text()
+        text = source.read_text(encoding="utf-8")
     except OSError as exc:
         raise GateSpecError(f"gate file {source} cannot be read: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise GateSpecError(
+            f"gate file {source} is not UTF-8 text (byte {exc.start}); save it as UTF-8"
+        ) from exc
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:

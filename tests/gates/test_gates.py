@@ -254,6 +254,31 @@ def test_batch_answered_with_500s_is_not_an_explicit_refusal(judge: Judge) -> No
     assert any("400 error/500" in n for n in result.notes)
 
 
+def test_batch_cut_short_by_a_killed_replica_is_not_judged_as_a_refusal(judge: Judge) -> None:
+    b = RunBuilder()
+    for i in range(400):
+        b.request(
+            f"b{i}",
+            priority="batch",
+            traffic_class="batch",
+            outcome="rejected",
+            http_status=429,
+            retry_after_s=1,
+        )
+    for i in range(20):
+        b.request(
+            f"k{i}",
+            priority="batch",
+            traffic_class="batch",
+            outcome="error",
+            http_status=200,
+            error_code="replica_failed",
+        )
+    result = gate(judge(b), "low_priority_explicit_errors")
+    assert result.status == Status.PASS and result.n_samples == 400
+    assert any("20 requests cut short" in n for n in result.notes)
+
+
 def preempted(completed: int, lost: int = 0) -> RunBuilder:
     b = RunBuilder()
     for i in range(completed):
