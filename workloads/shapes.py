@@ -15,8 +15,8 @@ by itself (`tick()` returns None) and leaves what it did on the instance for the
   batch classes get their own user counts per phase (by default batch users stop at the
   peak and rise in the trough). `trough_classes` names further user classes (by class
   name, e.g. a critical service that only runs while batch work is there to preempt) that
-  follow the batch counts; `peak_classes` names user classes that run only at peaks
-  (`peak_only_users` of them, e.g. daytime long-context traffic).
+  follow the batch counts. (A class that should send only in some phases while its users
+  stay up — daytime long-context traffic — sets its users' `phases` instead.)
 
 The ramp learns rejection and timeout rates live from `environment.events.kvgate_record`.
 """
@@ -215,14 +215,13 @@ class SoakShape(RecordingShape):
 
 class PeakTroughShape(RecordingShape):
     """Alternates peak and trough `cycles` times. Online classes run `peak_users` /
-    `trough_users` users in both phases; batch classes (`traffic_class` in
-    `batch_traffic_classes`, plus `trough_classes`) run `peak_batch_users` /
-    `trough_batch_users`, so the offline queue's stop at the peak and resumption in the
-    trough can be judged; `peak_classes` run `peak_only_users` at peaks and none in troughs.
+    `trough_users` users; batch classes (`traffic_class` in `batch_traffic_classes`, plus
+    `trough_classes`) run `peak_batch_users` / `trough_batch_users`, so the offline queue's
+    stop at the peak and resumption in the trough can be judged.
 
-    Locust's dispatcher stops the most recently started users first, so each phase's own
-    group (batch or peak-only classes) is started last, and each phase change is three ticks:
-    stop the group on top, set the online count, start the next phase's group on top.
+    Locust's dispatcher stops the most recently started users first, so batch users are
+    started last, and each phase change is three ticks: stop the batch users, set the online
+    count, start the batch users again.
     """
 
     abstract = False
@@ -237,14 +236,11 @@ class PeakTroughShape(RecordingShape):
     start_with_peak: ClassVar[bool] = True
     batch_traffic_classes: ClassVar[tuple[str, ...]] = ("batch",)
     trough_classes: ClassVar[tuple[str, ...]] = ()  # user class names run like batch classes
-    peak_classes: ClassVar[tuple[str, ...]] = ()  # user class names run only at peaks
-    peak_only_users: ClassVar[int] = 0
 
     def __init__(self) -> None:
         super().__init__()
         self._steps: list[Tick] = []
-        # (online users, users of the phase's own group, that group's classes) last asked for
-        self._running: tuple[int, int, list[type[User]]] = (0, 0, [])
+        self._running = (0, 0)  # (online, batch) users the last completed phase asked for
         self._step_since: float | None = None  # run time the current transition step began
 
     def tick(self) -> Tick:
@@ -260,18 +256,12 @@ class PeakTroughShape(RecordingShape):
         name = "peak" if peak else "trough"
         if not self.phases or self.phases[-1]["name"] != name:
             self.enter_phase(name)
-            online_classes, batch_classes, peak_classes = self._split_classes()
-            if peak:
-                group, count = (
-                    (peak_classes, self.peak_only_users)
-                    if peak_classes
-                    else (batch_classes, self.peak_batch_users)
-                )
-                target = (self.peak_users, count if group else 0, group)
-            else:
-                count = self.trough_batch_users if batch_classes else 0
-                target = (self.trough_users, count, batch_classes)
-            self._steps = self._transition(self._running, target, online_classes)
+            target = (
+                (self.peak_users, self.peak_batch_users)
+                if peak
+                else (self.trough_users, self.trough_batch_users)
+            )
+            self._steps = self._transition(self._running, target)
             self._running = target
             self._step_since = None
         return self._next_step()
@@ -297,30 +287,22 @@ class PeakTroughShape(RecordingShape):
             self._step_since = now
         return self._steps[0]
 
-    def _transition(
-        self,
-        now: tuple[int, int, list[type[User]]],
-        target: tuple[int, int, list[type[User]]],
-        online_classes: list[type[User]],
-    ) -> list[Tick]:
-        (online_now, group_now, classes_now), (online, group, classes) = now, target
+    def _transition(self, now: tuple[int, int], target: tuple[int, int]) -> list[Tick]:
+        online_classes, batch_classes = self._split_classes()
+        (online_now, batch_now), (online, batch) = now, target
+        if not batch_classes:
+            return [(online, self.spawn_rate, online_classes)]
         steps: list[Tick] = []
-        if group_now:
-            steps.append((online_now, self.spawn_rate, classes_now))  # stops the group on top
+        if batch_now:
+            steps.append((online_now, self.spawn_rate, batch_classes))
         steps.append((online, self.spawn_rate, online_classes))
-        if group:
-            steps.append((online + group, self.spawn_rate, classes))
+        if batch:
+            steps.append((online + batch, self.spawn_rate, batch_classes))
         return steps
 
-    def _split_classes(self) -> tuple[list[type[User]], list[type[User]], list[type[User]]]:
-        """(online, batch and trough-only, peak-only) user classes."""
+    def _split_classes(self) -> tuple[list[type[User]], list[type[User]]]:
         if self.runner is None:
             raise RuntimeError("PeakTroughShape needs its Locust runner before the first tick")
-        if self.peak_classes and self.peak_batch_users:
-            raise ValueError(
-                "PeakTroughShape: peak_classes and peak_batch_users cannot be combined; "
-                "batch users stop at peaks when peak-only classes run"
-            )
         classes = list(self.runner.environment.user_classes)
         batch = [
             c
@@ -328,11 +310,10 @@ class PeakTroughShape(RecordingShape):
             if getattr(c, "traffic_class", None) in self.batch_traffic_classes
             or c.__name__ in self.trough_classes
         ]
-        peak_only = [c for c in classes if c.__name__ in self.peak_classes and c not in batch]
-        online = [c for c in classes if c not in batch and c not in peak_only]
+        online = [c for c in classes if c not in batch]
         if not online:
             raise ValueError(
-                "PeakTroughShape needs at least one online user class for both phases; "
+                "PeakTroughShape needs at least one non-batch user class for its peaks; "
                 f"got only {[c.__name__ for c in classes]}"
             )
-        return online, batch, peak_only
+        return online, batch

@@ -175,64 +175,26 @@ def test_peak_trough_runs_named_trough_classes_with_the_batch_users() -> None:
     ]
 
 
-class Daytime(Online):
-    """An online traffic class the plan runs only at peaks."""
-
-
-def test_peak_trough_runs_peak_classes_only_at_peaks() -> None:
-    """Each phase's own group is started last, so reducing the total stops exactly it."""
-    shape = type(
-        "PT",
-        (PeakTroughShape,),
-        {"peak_s": 3, "trough_s": 3, "cycles": 1, "spawn_rate": 5, "peak_users": 4},
-    )()
-    shape.trough_users, shape.trough_batch_users = 4, 3  # type: ignore[misc]
-    shape.peak_classes, shape.peak_only_users = ("Daytime",), 2  # type: ignore[misc]
-    clock = FakeClock()
-    env = Environment(user_classes=[Online, Offline, Daytime])
-    shape.get_run_time = clock  # type: ignore[method-assign]
-    shape.runner = SimpleNamespace(environment=env)  # type: ignore[assignment]
-    ticks = drive(shape, clock, 100)
-    assert ticks[:-1] == [
-        (4, 5, [Online]),  # peak: online users, then the peak-only class on top
-        (6, 5, [Daytime]),
-        (6, 5, [Daytime]),
-        (4, 5, [Daytime]),  # trough: the peak-only users stop first
-        (4, 5, [Online]),
-        (7, 5, [Offline]),  # then batch on top
-    ]
-
-
 def test_a_transition_step_waits_until_the_runner_reaches_its_count() -> None:
     """Locust restarts its ramp on every new tick, so a step must not be cut short."""
     shape = type(
         "PT",
         (PeakTroughShape,),
-        {"peak_s": 60, "trough_s": 60, "cycles": 1, "spawn_rate": 2, "peak_users": 10},
+        {"peak_s": 2, "trough_s": 60, "cycles": 1, "spawn_rate": 2, "peak_users": 4},
     )()
-    shape.peak_classes, shape.peak_only_users = ("Daytime",), 4  # type: ignore[misc]
+    shape.trough_users, shape.trough_batch_users = 10, 4  # type: ignore[misc]
     clock = FakeClock()
-    runner = SimpleNamespace(
-        environment=Environment(user_classes=[Online, Offline, Daytime]), user_count=0
-    )
+    runner = SimpleNamespace(environment=Environment(user_classes=[Online, Offline]), user_count=4)
     shape.get_run_time = clock  # type: ignore[method-assign]
     shape.runner = runner  # type: ignore[assignment]
     seen = []
-    for count in (0, 2, 4, 6, 8, 10, 12, 14):
+    for count in (4, 4, 4, 6, 8, 10, 12):
         runner.user_count = count
         seen.append(shape.tick())
         clock.t += 1.0
-    online, daytime = (10, 2, [Online]), (14, 2, [Daytime])
-    assert seen == [online] * 5 + [daytime] * 3  # the peak-only users start once all 10 run
-
-
-def test_peak_classes_and_batch_at_peak_are_refused_together() -> None:
-    shape = type("PT", (PeakTroughShape,), {"peak_classes": ("Daytime",), "peak_batch_users": 2})()
-    shape.runner = SimpleNamespace(  # type: ignore[assignment]
-        environment=Environment(user_classes=[Online, Offline, Daytime])
-    )
-    with pytest.raises(ValueError, match="cannot be combined"):
-        shape.tick()
+    online, batch = (10, 2, [Online]), (14, 2, [Offline])
+    # the peak's two ticks, then the trough: batch users start once all 10 online users run
+    assert seen == [(4, 2, [Online])] * 2 + [online] * 3 + [batch] * 2
 
 
 def test_peak_trough_moves_batch_users_in_a_real_locust_run() -> None:

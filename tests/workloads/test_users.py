@@ -9,9 +9,11 @@ from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
+import gevent
 import pytest
 from locust import User
 from locust.env import Environment
+from locust.exception import StopUser
 
 import contract
 from tests.workloads.fakes import FakeServer, fake_server
@@ -158,6 +160,31 @@ def test_a_batch_job_runner_submits_its_items_in_chunks() -> None:
         run_task(user)
         assert srv.connections == 5  # the chunk is in flight at once
     assert len(records) == 5 and all(r.outcome == "ok" and r.priority == "batch" for r in records)
+
+
+def test_a_class_with_phases_sends_only_in_them(server: FakeServer) -> None:
+    """Daytime traffic: the user idles through a trough and sends once the peak opens."""
+    shape = SimpleNamespace(phases=[{"name": "trough", "t0": 0.0, "t1": None}], finished=False)
+    user, records = make_user("short_qa_critical", server.url, phases=("peak",))
+    user.environment.shape_class = shape
+    worker = gevent.spawn(run_task, user)
+    gevent.sleep(1.2)  # a few polls of the phase
+    assert not records and not server.requests
+    shape.phases = [
+        {"name": "trough", "t0": 0.0, "t1": 1.0},
+        {"name": "peak", "t0": 1.0, "t1": None},
+    ]
+    worker.join(timeout=10)
+    assert worker.successful() and len(records) == 1 and len(server.requests) == 1
+
+
+def test_an_idle_phase_class_stops_when_the_shape_finishes(server: FakeServer) -> None:
+    shape = SimpleNamespace(phases=[{"name": "peak", "t0": 0.0, "t1": 5.0}], finished=True)
+    user, records = make_user("short_qa_critical", server.url, phases=("peak",))
+    user.environment.shape_class = shape
+    with pytest.raises(StopUser):
+        run_task(user)
+    assert not records and not server.requests
 
 
 def test_batch_backs_off_as_retry_after_asks(server: FakeServer) -> None:

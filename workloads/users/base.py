@@ -21,7 +21,8 @@ import gevent
 from gevent.pool import Group
 from locust import User, between
 from locust.env import Environment
-from locust.exception import LocustError
+from locust.exception import LocustError, StopUser
+from locust.user.users import LOCUST_STATE_STOPPING
 
 from workloads.client import StreamClient, StreamRequest, StreamResult
 from workloads.prompts import DEFAULT_TOKENIZER_PATH, PromptGenerator, generator_for
@@ -51,11 +52,14 @@ def tune_gc() -> None:
 _BURST_JOIN_SLACK_S = 5.0
 
 
+PHASE_POLL_S = 0.5  # how often an idle user looks at the load shape's phase
+
+
 class KvgateUser(User):
     """Base traffic class: one streaming chat request per task, measured and recorded.
 
-    Invariant: every call of `send` fires exactly one record, whatever the ending (also when
-    Locust kills the user mid-request).
+    Invariant: every request `send` starts fires exactly one record, whatever the ending
+    (also when Locust kills the user mid-request).
     """
 
     abstract = True
@@ -84,6 +88,10 @@ class KvgateUser(User):
     seed: ClassVar[int] = 0
     tokenizer_path: ClassVar[str | Path | None] = DEFAULT_TOKENIZER_PATH
     gc_tuning: ClassVar[bool] = True  # see `tune_gc()`; False leaves the collector alone
+    # Load-shape phases in which this class sends (e.g. ("peak",) for daytime traffic); empty:
+    # always. Its users stay up and idle otherwise, so phase changes start and stop no users.
+    # Without a shape that records phases (a distributed worker's), a class always sends.
+    phases: ClassVar[tuple[str, ...]] = ()
     wait_time = between(0.1, 1.0)
 
     def __init__(self, environment: Environment) -> None:
@@ -150,6 +158,7 @@ class KvgateUser(User):
         keep_text: bool = False,
     ) -> StreamResult:
         """Sends one streaming chat request and emits its record; never raises for an ending."""
+        self.await_phase()
         request_id = f"kvg-{uuid.uuid4().hex}"
         headers = {**self.headers(), **(extra_headers or {}), "X-Request-Id": request_id}
         cancel_ms = self.cancel_after_ms
@@ -180,6 +189,20 @@ class KvgateUser(User):
         if self.honour_retry_after and result.outcome == "rejected" and result.retry_after_s:
             gevent.sleep(min(result.retry_after_s, self.max_retry_sleep_s))
         return result
+
+    def await_phase(self) -> None:
+        """Idle while the load shape is in a phase this class does not send in; stop the user
+        (sending nothing) when the shape has finished or Locust asks the user to stop."""
+        if not self.phases:
+            return
+        shape = self.environment.shape_class
+        while hasattr(shape, "phases") and not self._in_phase(shape.phases):
+            if getattr(shape, "finished", False) or self._state == LOCUST_STATE_STOPPING:
+                raise StopUser()
+            gevent.sleep(PHASE_POLL_S)
+
+    def _in_phase(self, phases: list[dict[str, Any]]) -> bool:
+        return bool(phases) and phases[-1].get("t1") is None and phases[-1]["name"] in self.phases
 
     def send_prompt(self) -> StreamResult:
         """One single-message request of `prompt_tokens` tokens."""
