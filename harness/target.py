@@ -46,12 +46,14 @@ class RunningTarget:
     api_key: str | None = None  # external: the key every user sends
 
 
-def _describe_http(base_url: str, paths: tuple[str, ...]) -> dict[str, Any]:
+def _describe_http(
+    base_url: str, paths: tuple[str, ...], token: str | None = None
+) -> dict[str, Any]:
     """JSON bodies of the info endpoints that answer (missing ones are simply absent)."""
     found: dict[str, Any] = {}
     for path in paths:
         try:
-            resp = request(base_url + path, timeout_s=3.0)
+            resp = request(base_url + path, timeout_s=3.0, token=token)
             if resp.status == 200:
                 found[path] = resp.json()
         except (OSError, ValueError):
@@ -158,7 +160,10 @@ class ReferenceDeployment:
 
     def describe(self) -> dict[str, Any]:
         assert self.running is not None
-        info = _describe_http(self.running.base_url, ("/debug/info", "/v1/models"))
+        # The reference server's /debug/info takes a key; the admin key is the harness's.
+        info = _describe_http(
+            self.running.base_url, ("/debug/info", "/v1/models"), self.running.admin_key
+        )
         return describe_reference(self.spec, self.running, info)
 
     def stop(self, timeout_s: float = 15.0) -> None:

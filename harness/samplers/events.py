@@ -73,11 +73,18 @@ class ReplicaTable:
 
 
 class EventCollector:
-    """Drains `GET /debug/events?after=CURSOR` into rows; the cursor only moves forward."""
+    """Drains `GET /debug/events?after=CURSOR` into rows; the cursor only moves forward.
+    The reference server shows every tenant's rows only to the admin key."""
 
-    def __init__(self, gateway_url: str, fetch: Callable[[str], Response] = request) -> None:
+    def __init__(
+        self,
+        gateway_url: str,
+        fetch: Callable[..., Response] = request,
+        token: str | None = None,
+    ) -> None:
         self._url = gateway_url.rstrip("/") + "/debug/events"
         self._fetch = fetch
+        self._token = token
         self.cursor: str | None = None
         self.errors = 0
 
@@ -86,7 +93,7 @@ class EventCollector:
         for _ in range(MAX_PAGES_PER_TICK):
             query = "" if self.cursor is None else "?after=" + urllib.parse.quote(self.cursor)
             try:
-                resp = self._fetch(self._url + query)
+                resp = self._fetch(self._url + query, token=self._token)
             except OSError:
                 self.errors += 1
                 break

@@ -80,12 +80,14 @@ class NvmlSampler:
         nvml: ModuleType | None,
         pids: Callable[[], set[int]],
         sim_endpoints: Callable[[], list[Endpoint]],
-        fetch: Callable[[str], Response] = request,
+        fetch: Callable[..., Response] = request,
+        token: str | None = None,  # the bearer key for /debug/gpu (the admin key)
     ) -> None:
         self.nvml = nvml
         self._pids = pids
         self._sim_endpoints = sim_endpoints
         self._fetch = fetch
+        self._token = token
         self._announced = False
         self._v2_supported = True
 
@@ -150,7 +152,7 @@ class NvmlSampler:
         for endpoint in self._sim_endpoints():
             t = time.time()
             try:
-                resp = self._fetch(endpoint.url.rstrip("/") + "/debug/gpu")
+                resp = self._fetch(endpoint.url.rstrip("/") + "/debug/gpu", token=self._token)
                 if resp.status != 200:
                     raise OSError(f"HTTP {resp.status}")
                 gpu = resp.json()

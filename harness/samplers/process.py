@@ -126,7 +126,11 @@ class SamplerProcess:
             for r in config.replicas
         ]
         self.table = ReplicaTable(replicas)
-        self.collector = EventCollector(config.gateway_url) if config.gateway_url else None
+        self.collector = (
+            EventCollector(config.gateway_url, token=config.admin_key)
+            if config.gateway_url
+            else None
+        )
         self.lifecycle = (
             LifecycleMonitor(
                 config.gateway_url,
@@ -155,10 +159,14 @@ class SamplerProcess:
         iv = self.config.intervals
         loops: dict[str, tuple[float, Callable[[], None]]] = {}
         if iv.get("nvml"):
-            nvml = NvmlSampler(load_pynvml(), self.table.pids, self.table.endpoints)
+            nvml = NvmlSampler(
+                load_pynvml(), self.table.pids, self.table.endpoints, token=self.config.admin_key
+            )
             loops["nvml"] = (iv["nvml"], lambda: self.samples.write_many(nvml.sample()))
         if iv.get("prometheus"):
-            prom = PrometheusSampler(self._endpoints, self.config.metric_prefixes)
+            prom = PrometheusSampler(
+                self._endpoints, self.config.metric_prefixes, token=self.config.admin_key
+            )
             loops["prometheus"] = (iv["prometheus"], lambda: self.samples.write_many(prom.sample()))
         if iv.get("process"):
             procs = ProcessSampler(self._roles)

@@ -71,24 +71,27 @@ class Endpoint:
 
 
 class PrometheusSampler:
-    """Scrapes each endpoint's `/metrics` once per `sample()` call."""
+    """Scrapes each endpoint's `/metrics` once per `sample()` call, with `token` as the bearer
+    key when given (the reference server's /metrics takes the admin key)."""
 
     def __init__(
         self,
         endpoints: Callable[[], list[Endpoint]],
         prefixes: Sequence[str],
-        fetch: Callable[[str], Response] = request,
+        fetch: Callable[..., Response] = request,
+        token: str | None = None,
     ) -> None:
         self._endpoints = endpoints
         self._prefixes = tuple(prefixes)
         self._fetch = fetch
+        self._token = token
 
     def sample(self) -> list[Row]:
         rows: list[Row] = []
         for endpoint in self._endpoints():
             t = time.time()
             try:
-                resp = self._fetch(endpoint.url.rstrip("/") + "/metrics")
+                resp = self._fetch(endpoint.url.rstrip("/") + "/metrics", token=self._token)
                 if resp.status != 200:
                     raise OSError(f"HTTP {resp.status}")
                 text = resp.body.decode("utf-8", errors="replace")

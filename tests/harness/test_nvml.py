@@ -103,7 +103,7 @@ def test_fallback_announces_once_and_reads_the_replicas_virtual_gpu(
     gib = 1024 * MIB
     body = {"total_bytes": 80 * gib, "used_bytes": 20 * gib, "by_category": {"weights": 16 * gib}}
 
-    def fetch(url: str) -> Response:
+    def fetch(url: str, token: str | None = None) -> Response:
         if url.startswith("http://r1"):
             raise OSError("connection refused")
         assert url == "http://r0/debug/gpu"

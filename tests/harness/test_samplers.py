@@ -37,7 +37,7 @@ def test_parse_metrics_keeps_known_prefixes_with_canonical_labels() -> None:
 
 
 def test_a_failed_scrape_is_a_row_not_an_exception() -> None:
-    def fetch(url: str) -> Response:
+    def fetch(url: str, token: str | None = None) -> Response:
         if "down" in url:
             raise OSError("refused")
         return Response(200, {}, METRICS.encode())
@@ -59,7 +59,7 @@ def test_event_collector_follows_the_cursor_and_keeps_it_on_errors() -> None:
     }
     calls: list[str] = []
 
-    def fetch(url: str) -> Response:
+    def fetch(url: str, token: str | None = None) -> Response:
         query = url.split("/debug/events", 1)[1]
         calls.append(query)
         if query == "?after=2" and calls.count(query) > 1:
