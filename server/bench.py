@@ -23,13 +23,14 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
-from urllib.request import urlopen
+from urllib.request import Request, urlopen
 
 import psutil  # type: ignore[import-untyped]
 
 TARGET_EVENTS_PER_S = 20_000
 TARGET_LAG_P99_MS = 5.0
 TENANTS = 10
+BENCH_ADMIN_KEY = "bench-admin-key"  # /debug/steps takes the admin key
 READY_TIMEOUT_S = 30.0
 
 
@@ -100,7 +101,7 @@ def reader(url: str, streams: int, seconds: float, max_tokens: int, out: Connect
 
 
 def _tenants_file(path: Path) -> None:
-    lines = ["tenants:"]
+    lines = [f"admin_keys: [{BENCH_ADMIN_KEY}]", "tenants:"]
     for i in range(TENANTS):
         lines += [
             f"  bench{i}:",
@@ -114,7 +115,8 @@ def _tenants_file(path: Path) -> None:
 
 
 def _get(url: str) -> dict[str, Any]:
-    with urlopen(url, timeout=10) as resp:
+    req = Request(url, headers={"Authorization": f"Bearer {BENCH_ADMIN_KEY}"})
+    with urlopen(req, timeout=10) as resp:
         data: dict[str, Any] = json.loads(resp.read())
     return data
 

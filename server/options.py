@@ -9,6 +9,7 @@ from pathlib import Path
 
 import contract
 from server.engine.gpus import GPUS
+from server.httputil import BODY_TIMEOUT_S, IDLE_TIMEOUT_S, HttpLimits
 from server.scheduler import PROFILES, SchedulerConfig
 from server.tenants import DEFAULT_TENANTS_PATH
 from server.tokenizer import DEFAULT_TOKENIZER_PATH
@@ -51,6 +52,46 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
     parser.add_argument("--state-dir", type=Path, help="event logs and ready files go here")
     parser.add_argument("--ready-file", type=Path, help="JSON written once listening")
+
+
+def add_http_args(parser: argparse.ArgumentParser, max_client_connections: int) -> None:
+    """Connection limits of the listening site (see `server.httputil.HttpLimits`)."""
+    parser.add_argument(
+        "--idle-timeout",
+        type=float,
+        default=IDLE_TIMEOUT_S,
+        help="seconds before an idle connection, or one that has not sent a whole request "
+        "head, is closed",
+    )
+    parser.add_argument(
+        "--body-timeout",
+        type=float,
+        default=BODY_TIMEOUT_S,
+        help="seconds a request body may take to arrive (else 408)",
+    )
+    parser.add_argument(
+        "--max-client-connections",
+        type=int,
+        default=max_client_connections,
+        help="open connections per client address (0: no cap); one more is answered 429",
+    )
+
+
+def http_limits(args: argparse.Namespace) -> HttpLimits:
+    return HttpLimits(args.idle_timeout, args.body_timeout, args.max_client_connections)
+
+
+def check_http_args(args: argparse.Namespace) -> str | None:
+    for flag, value in (
+        ("--idle-timeout", args.idle_timeout),
+        ("--body-timeout", args.body_timeout),
+    ):
+        if not 0 < value <= 3600:
+            return f"{flag} must be in (0, 3600] seconds (got {value})"
+    if args.max_client_connections < 0:
+        cap = args.max_client_connections
+        return f"--max-client-connections must be 0 (no cap) or more (got {cap})"
+    return None
 
 
 ENGINE_FLAGS = (

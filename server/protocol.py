@@ -8,22 +8,31 @@ the field and what to do; nothing in here can raise anything else on client inpu
 from __future__ import annotations
 
 import json
+import logging
 import re
-import uuid
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 MAX_BODY_BYTES = 8 * 1024 * 1024
+MAX_TOKENS_LIMIT = 1_000_000_000  # far above any context window; keeps the number small
+
+log = logging.getLogger("kvgate.server")
 
 ERROR_TYPES = {
     400: "invalid_request_error",
     401: "authentication_error",
     403: "permission_error",
     404: "invalid_request_error",
+    405: "invalid_request_error",
+    408: "invalid_request_error",
+    409: "invalid_request_error",
+    411: "invalid_request_error",
     413: "invalid_request_error",
+    415: "invalid_request_error",
     429: "rate_limit_error",
+    431: "invalid_request_error",
     502: "server_error",
     503: "server_error",
 }
@@ -98,16 +107,39 @@ class Message(BaseModel):
         return "".join(p.text for p in self.content)
 
 
-class StreamOptions(_Strict):
+class _Lenient(BaseModel):
+    """Unknown fields are kept aside (and logged by `parse_body`), not refused: clients built
+    for vLLM send its extensions to every OpenAI-compatible server."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+
+
+class StreamOptions(_Lenient):
     include_usage: bool = False
+    # vLLM: with include_usage, every chunk carries the usage so far.
+    continuous_usage_stats: bool = False
 
 
-class _Common(_Strict):
+class _Common(_Lenient):
     model: str
     stream: bool = False
     stream_options: StreamOptions | None = None
-    max_tokens: int | None = None
+    max_tokens: int | None = Field(None, le=MAX_TOKENS_LIMIT)
     ignore_eos: bool = False
+    # vLLM sampling extensions: validated and accepted. `min_tokens` shapes the simulated
+    # output; the others change nothing the simulator produces.
+    min_tokens: int = Field(0, ge=0, le=MAX_TOKENS_LIMIT)
+    top_k: int | None = Field(None, ge=-1)
+    min_p: float | None = Field(None, ge=0, le=1)
+    repetition_penalty: float | None = Field(None, gt=0, le=10)
+    length_penalty: float | None = None
+    stop_token_ids: list[int] | None = None
+    include_stop_str_in_output: bool | None = None
+    skip_special_tokens: bool | None = None
+    spaces_between_special_tokens: bool | None = None
+    add_special_tokens: bool | None = None
+    # vLLM's request priority is not ours: the class comes from X-Priority and the key only.
+    priority: int | None = None
     n: int = Field(1, ge=1, le=1)
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)
@@ -121,9 +153,13 @@ class _Common(_Strict):
 
 class ChatRequest(_Common):
     messages: list[Message] = Field(min_length=1)
-    max_completion_tokens: int | None = None
+    max_completion_tokens: int | None = Field(None, le=MAX_TOKENS_LIMIT)
     response_format: dict[str, Any] | None = None
     store: bool | None = None
+    parallel_tool_calls: bool | None = None
+    add_generation_prompt: bool | None = None
+    continue_final_message: bool | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
 
 
 class CompletionRequest(_Common):
@@ -141,8 +177,17 @@ class ParsedRequest:
     prompt_ids: list[int] | None = None
     stream: bool = False
     include_usage: bool = False
+    continuous_usage: bool = False
     max_tokens: int | None = None
+    min_tokens: int = 0
     ignore_eos: bool = False
+    ignored: tuple[str, ...] = ()  # unknown fields accepted and ignored
+
+    def prompt_chars(self) -> int:
+        """Characters of prompt text (chat: message contents), before any template."""
+        if self.kind == "chat":
+            return sum(len(text) for _, text in self.messages)
+        return len(self.prompt_text or "")
 
 
 def parse_body(kind: Literal["chat", "completion"], body: bytes) -> ParsedRequest:
@@ -150,10 +195,24 @@ def parse_body(kind: Literal["chat", "completion"], body: bytes) -> ParsedReques
     if len(body) > MAX_BODY_BYTES:
         raise body_too_large(len(body))
     try:
-        data = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        # Strict UTF-8 first: json.loads(bytes) lets raw surrogate bytes through.
+        data = json.loads(body.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ApiError(
+            400,
+            "invalid_request",
+            f"request body is not valid UTF-8 (byte {exc.start}); send UTF-8 encoded JSON",
+        ) from None
+    except json.JSONDecodeError as exc:
         raise ApiError(
             400, "invalid_request", f"request body is not valid JSON ({exc}); send a JSON object"
+        ) from None
+    except ValueError:  # Python refuses integers of more than 4,300 digits
+        raise ApiError(
+            400,
+            "invalid_request",
+            "request body holds a number of more than 4,300 digits; send numbers that fit "
+            "the parameter",
         ) from None
     except RecursionError:
         raise ApiError(
@@ -175,7 +234,35 @@ def parse_body(kind: Literal["chat", "completion"], body: bytes) -> ParsedReques
         req = model_cls.model_validate(data)
     except ValidationError as exc:
         raise ApiError(400, "invalid_request", describe_validation(exc, kind)) from None
-    return _to_parsed(req)
+    parsed = _to_parsed(req)
+    if parsed.ignored:
+        # As vLLM does: a warning, not a refusal. repr() keeps a hostile name on one line.
+        names = ", ".join(repr(n[:40]) for n in parsed.ignored[:8])
+        log.warning("request fields ignored (not supported here): %s", names)
+    return parsed
+
+
+def _ignored(req: ChatRequest | CompletionRequest) -> tuple[str, ...]:
+    names = list(req.model_extra or ())
+    if req.stream_options is not None:
+        names += [f"stream_options.{n}" for n in req.stream_options.model_extra or ()]
+    return tuple(names)
+
+
+def _text(value: str, where: str) -> str:
+    """Prompt text must be encodable: a lone surrogate (the JSON escape \\ud800) is valid
+    JSON but no tokenizer takes it."""
+    if not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise ApiError(
+                400,
+                "invalid_request",
+                f"'{where}' holds an unpaired surrogate (\\u{ord(value[exc.start]):04x}) at "
+                f"character {exc.start}; send valid Unicode text",
+            ) from None
+    return value
 
 
 def _to_parsed(req: ChatRequest | CompletionRequest) -> ParsedRequest:
@@ -188,24 +275,37 @@ def _to_parsed(req: ChatRequest | CompletionRequest) -> ParsedRequest:
             "invalid_request",
             f"max_tokens must be at least 1 (got {max_tokens}); omit it for the server default",
         )
+    if max_tokens is not None and req.min_tokens > max_tokens:
+        raise ApiError(
+            400,
+            "invalid_request",
+            f"min_tokens ({req.min_tokens}) is above max_tokens ({max_tokens}); lower min_tokens",
+        )
     if isinstance(req, ChatRequest) and req.response_format not in (None, {"type": "text"}):
         raise ApiError(
             400,
             "invalid_request",
             "parameter 'response_format' other than {'type': 'text'} is not supported; remove it",
         )
+    usage = bool(req.stream_options and req.stream_options.include_usage)
     parsed = ParsedRequest(
         kind="chat" if isinstance(req, ChatRequest) else "completion",
         model=req.model,
         stream=req.stream,
-        include_usage=bool(req.stream_options and req.stream_options.include_usage),
+        include_usage=usage,
+        continuous_usage=usage
+        and bool(req.stream_options and req.stream_options.continuous_usage_stats),
         max_tokens=max_tokens,
+        min_tokens=req.min_tokens,
         ignore_eos=req.ignore_eos,
+        ignored=_ignored(req),
     )
     if isinstance(req, ChatRequest):
-        parsed.messages = [(m.role, m.text()) for m in req.messages]
+        parsed.messages = [
+            (m.role, _text(m.text(), f"messages.{i}.content")) for i, m in enumerate(req.messages)
+        ]
     elif isinstance(req.prompt, str):
-        parsed.prompt_text = req.prompt
+        parsed.prompt_text = _text(req.prompt, "prompt")
     elif all(isinstance(p, str) for p in req.prompt):
         if len(req.prompt) != 1:
             raise ApiError(
@@ -213,7 +313,7 @@ def _to_parsed(req: ChatRequest | CompletionRequest) -> ParsedRequest:
                 "invalid_request",
                 f"'prompt' holds {len(req.prompt)} prompts; this server takes one per request",
             )
-        parsed.prompt_text = str(req.prompt[0])
+        parsed.prompt_text = _text(str(req.prompt[0]), "prompt")
     else:
         parsed.prompt_ids = [int(p) for p in req.prompt]
     return parsed
@@ -241,22 +341,6 @@ def describe_validation(exc: ValidationError, kind: str) -> str:
 def _short(value: Any) -> str:
     text = json.dumps(value, default=str)
     return text if len(text) <= 60 else text[:57] + "..."
-
-
-_REQUEST_ID = re.compile(r"^[\x21-\x7e]{1,200}$")
-
-
-def request_id(header: str | None) -> str:
-    """The client's X-Request-Id (printable ASCII, at most 200 chars), or a fresh one."""
-    if header is None:
-        return uuid.uuid4().hex
-    if not _REQUEST_ID.match(header):
-        raise ApiError(
-            400,
-            "invalid_request",
-            "X-Request-Id must be 1-200 printable ASCII characters without spaces",
-        )
-    return header
 
 
 def body_too_large(size: int) -> ApiError:

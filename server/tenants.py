@@ -6,7 +6,6 @@ one place keys are checked; the gateway and a standalone replica both authentica
 
 from __future__ import annotations
 
-import hmac
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,6 +13,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from server.headers import same_secret
 from server.protocol import ApiError
 from server.scheduler import ConfigError, Priority, TenantQuota
 
@@ -87,14 +87,29 @@ class TenantBook:
             )
         return Identity(tenant, priority)
 
+    def tenant_of(self, authorization: str | None) -> str | None:
+        """The tenant a bearer key belongs to, or None (no key, unknown key, admin key)."""
+        key = _bearer(authorization)
+        entry = self._keys.get(key) if key else None
+        return entry[0] if entry else None
+
     def is_admin(self, authorization: str | None) -> bool:
         key = _bearer(authorization)
-        return bool(key) and any(hmac.compare_digest(key, k) for k in self._admin_keys)
+        return bool(key) and any(same_secret(key, k) for k in self._admin_keys)
 
-    def require_admin(self, authorization: str | None) -> None:
+    def require_admin(self, authorization: str | None, what: str = "this admin endpoint") -> None:
         if not self.is_admin(authorization):
             raise ApiError(
-                401, "invalid_api_key", "admin endpoints need 'Authorization: Bearer <admin key>'"
+                401, "invalid_api_key", f"{what} needs 'Authorization: Bearer <admin key>'"
+            )
+
+    def require_any_key(self, authorization: str | None) -> None:
+        """An admin or a tenant key: for what any client may read but strangers may not."""
+        if not self.is_admin(authorization) and self.tenant_of(authorization) is None:
+            raise ApiError(
+                401,
+                "invalid_api_key",
+                "this endpoint needs 'Authorization: Bearer <key>' with a tenant or admin key",
             )
 
 

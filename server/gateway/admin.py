@@ -14,6 +14,7 @@ from server.gateway.supervisor import ReplicaProc, Supervisor
 from server.httputil import json_response
 from server.metrics import GatewayMetrics
 from server.protocol import ApiError
+from server.replica.app import INTERNAL_TOKEN_HEADER
 from server.tenants import TenantBook
 
 DRIFT_PERIOD_S = 1.0
@@ -23,9 +24,15 @@ class Admin:
     """Owns the control-plane HTTP session to the replicas and the periodic drift audit."""
 
     def __init__(
-        self, tenants: TenantBook, ledger: Ledger, supervisor: Supervisor, metrics: GatewayMetrics
+        self,
+        tenants: TenantBook,
+        ledger: Ledger,
+        supervisor: Supervisor,
+        metrics: GatewayMetrics,
+        internal_token: str,
     ) -> None:
         self._tenants = tenants
+        self._token = internal_token
         self._ledger = ledger
         self._supervisor = supervisor
         self._metrics = metrics
@@ -66,7 +73,8 @@ class Admin:
 
     async def _reservations(self, rep: ReplicaProc) -> dict[str, int]:
         assert self._control is not None, "Admin.start() first"
-        async with self._control.get(rep.url + "/debug/reservations") as resp:
+        headers = {INTERNAL_TOKEN_HEADER: self._token}
+        async with self._control.get(rep.url + "/debug/reservations", headers=headers) as resp:
             data = await resp.json()
         return {str(k): int(v) for k, v in data["reservations"].items()}
 

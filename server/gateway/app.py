@@ -4,7 +4,6 @@ routes, and relays; plus health, models, metrics, the aggregated event log and a
 from __future__ import annotations
 
 import argparse
-import asyncio
 import time
 from pathlib import Path
 from typing import Literal
@@ -17,14 +16,14 @@ from server.gateway.ledger import Ledger
 from server.gateway.relay import FORWARDED_HEADERS, Relay, Routed
 from server.gateway.routing import Router, prefix_key
 from server.gateway.supervisor import ReplicaProc, Supervisor, child_env
+from server.headers import ClientHeaders, client_headers, scoped_key
 from server.httputil import api_errors, error_response, json_response, read_body
 from server.metrics import CONTENT_TYPE, GatewayMetrics
 from server.options import engine_argv, load_config, target_info
-from server.protocol import ApiError, ParsedRequest, model_not_found, parse_body, request_id
+from server.promptwork import ContextLimit, PromptTokenizer
+from server.protocol import ApiError, model_not_found, parse_body
 from server.tenants import Identity, load_tenants
-from server.tokenizer import TextTokenizer, render_chat
-
-LONG_TEXT_CHARS = 16_384
+from server.tokenizer import TextTokenizer
 
 
 class Gateway:
@@ -36,6 +35,7 @@ class Gateway:
         self.model_name = self.config.model
         self.tenants = load_tenants(args.tenants)
         self.tokenizer = TextTokenizer(args.tokenizer)
+        self.prompts = PromptTokenizer(self.tokenizer)
         self.state_dir = state_dir
         self.started = int(time.time())
         self.metrics = GatewayMetrics()
@@ -59,7 +59,7 @@ class Gateway:
             self.ledger.quota_headers,
             self.config.queue_deadline_ms / 1000,
         )
-        self.admin = Admin(self.tenants, self.ledger, self.supervisor, self.metrics)
+        self.admin = Admin(self.tenants, self.ledger, self.supervisor, self.metrics, internal_token)
 
     async def start(self) -> None:
         await self.relay.start()
@@ -70,6 +70,7 @@ class Gateway:
         await self.admin.stop()
         await self.supervisor.stop_all()
         await self.relay.close()
+        self.prompts.close()
 
     def _on_death(self, rep: ReplicaProc) -> None:
         self.ledger.drop_replica(rep.id)
@@ -85,21 +86,19 @@ class Gateway:
     async def _complete(
         self, request: web.Request, kind: Literal["chat", "completion"], path: str
     ) -> web.StreamResponse:
+        authorization = request.headers.get("Authorization")
+        # Refusals count under the key's tenant, also those refused before the key is
+        # granted anything (a priority the key does not allow); no valid key counts as "".
+        tenant = self.tenants.tenant_of(authorization)
+        headers: dict[str, str] = {}
         try:
-            rid = request_id(request.headers.get("X-Request-Id"))
-        except ApiError as err:
-            return error_response(err)
-        tenant: str | None = None
-        try:
-            identity = self.tenants.authenticate(
-                request.headers.get("Authorization"), request.headers.get("X-Priority")
-            )
-            tenant = identity.tenant
-            routed = await self._route(request, rid, identity, kind, path)
+            hdrs = client_headers(request.headers)
+            headers["X-Request-Id"] = hdrs.request_id
+            identity = self.tenants.authenticate(authorization, hdrs.priority)
+            routed = await self._route(request, hdrs, identity, kind, path)
             return await self.relay.handle(request, routed)
         except ApiError as err:
             self.metrics.rejections.labels(err.code, tenant or "").inc()
-            headers = {"X-Request-Id": rid}
             if tenant is not None:
                 headers.update(self.ledger.quota_headers(tenant))
             return error_response(err, headers)
@@ -107,7 +106,7 @@ class Gateway:
     async def _route(
         self,
         request: web.Request,
-        rid: str,
+        hdrs: ClientHeaders,
         identity: Identity,
         kind: Literal["chat", "completion"],
         path: str,
@@ -116,67 +115,33 @@ class Gateway:
         parsed = parse_body(kind, body)
         if parsed.model != self.model_name:
             raise model_not_found(parsed.model, self.model_name)
-        tokens = await self._tokens(parsed)
         max_new = parsed.max_tokens or self.config.max_new_tokens_default
+        limits = (
+            ContextLimit(self.tenants.quotas[identity.tenant].max_context_tokens, "your tenant's"),
+            ContextLimit(self.config.profile.max_context, f"model {self.model_name}'s"),
+        )
+        tokens = await self.prompts.tokens(parsed, max_new, limits)
         total = len(tokens) + max_new
-        self._check_context(identity.tenant, len(tokens), max_new, parsed.max_tokens is None)
-        if self.ledger.holds(rid):
+        key = scoped_key(identity.tenant, hdrs.request_id)
+        if self.ledger.holds(key):
             raise ApiError(
                 400,
                 "invalid_request",
-                f"request id '{rid}' is already in flight; send a unique X-Request-Id",
+                f"request id '{hdrs.request_id}' is already in flight; send a unique X-Request-Id",
             )
         self.ledger.check(identity.tenant, identity.priority, total)
+        n = min(hdrs.prefix_tokens or 0, len(tokens))
         return Routed(
-            request_id=rid,
+            request_id=hdrs.request_id,
+            key=key,
             identity=identity,
             path=path,
             body=body,
             stream=parsed.stream,
             tokens=total,
-            prefix=self._prefix_key(request, identity.tenant, tokens),
+            prefix=prefix_key(identity.tenant, hdrs.prefix_public, tokens[:n]) if n else None,
             headers={h: request.headers[h] for h in FORWARDED_HEADERS if h in request.headers},
         )
-
-    def _check_context(self, tenant: str, prompt: int, max_new: int, default: bool) -> None:
-        total = prompt + max_new
-        asked = f"the default max_tokens ({max_new})" if default else f"max_tokens ({max_new})"
-        for limit, whose in (
-            (self.tenants.quotas[tenant].max_context_tokens, "your tenant's"),
-            (self.config.profile.max_context, f"model {self.model_name}'s"),
-        ):
-            if total > limit:
-                raise ApiError(
-                    400,
-                    "too_long",
-                    f"input ({prompt} tokens) plus {asked} exceeds {whose} "
-                    f"{limit}-token context limit; shorten the input or lower max_tokens",
-                )
-
-    async def _tokens(self, parsed: ParsedRequest) -> list[int]:
-        if parsed.prompt_ids is not None:
-            return parsed.prompt_ids
-        text = render_chat(parsed.messages) if parsed.kind == "chat" else parsed.prompt_text or ""
-        if not text:
-            raise ApiError(400, "invalid_request", "'prompt' is empty; send at least one token")
-        if len(text) > LONG_TEXT_CHARS:
-            loop = asyncio.get_running_loop()
-            return await loop.run_in_executor(None, self.tokenizer.encode_nogil, text)
-        return self.tokenizer.encode(text)
-
-    def _prefix_key(self, request: web.Request, tenant: str, tokens: list[int]) -> str | None:
-        raw = request.headers.get("X-Kvgate-Prefix-Tokens")
-        if raw is None:
-            return None
-        if not raw.isdigit():
-            raise ApiError(
-                400,
-                "invalid_request",
-                f"X-Kvgate-Prefix-Tokens must be a non-negative integer (got '{raw}')",
-            )
-        n = min(int(raw), len(tokens))
-        public = request.headers.get("X-Kvgate-Prefix-Public") == "1"
-        return prefix_key(tenant, public, tokens[:n]) if n else None
 
     # -- observability --------------------------------------------------------------------
 
@@ -188,6 +153,7 @@ class Gateway:
         )
 
     async def info_endpoint(self, request: web.Request) -> web.Response:
+        self.tenants.require_any_key(request.headers.get("Authorization"))
         return json_response(self.info)
 
     async def models(self, request: web.Request) -> web.Response:
@@ -206,6 +172,11 @@ class Gateway:
         )
 
     async def metrics_endpoint(self, request: web.Request) -> web.Response:
+        self.tenants.require_admin(request.headers.get("Authorization"), "/metrics")
+        return await self.open_metrics(request)
+
+    async def open_metrics(self, request: web.Request) -> web.Response:
+        """/metrics without a key: served only on the --metrics-port bind (loopback)."""
         self.metrics.ledger_reserved.clear()
         for tenant in self.tenants.quotas:
             self.metrics.ledger_reserved.labels(tenant).set(self.ledger.tenant_tokens(tenant))
@@ -214,10 +185,28 @@ class Gateway:
         return web.Response(body=self.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
 
     async def events(self, request: web.Request) -> web.Response:
-        body, cursor = read_events(self.state_dir, request.query.get("after", ""))
+        """Admin: every row. A tenant key: only that tenant's request rows (the cursor is the
+        same; the other rows are skipped, not shown)."""
+        authorization = request.headers.get("Authorization")
+        tenant = None if self.tenants.is_admin(authorization) else self._tenant(authorization)
+        body, cursor = read_events(self.state_dir, request.query.get("after", ""), tenant)
         return web.Response(
             body=body, content_type="application/x-ndjson", headers={"X-Next-Cursor": cursor}
         )
+
+    def _tenant(self, authorization: str | None) -> str:
+        tenant = self.tenants.tenant_of(authorization)
+        if tenant is None:
+            self.tenants.require_admin(authorization, "/debug/events")
+        assert tenant is not None
+        return tenant
+
+
+def build_metrics_app(gw: Gateway) -> web.Application:
+    """The keyless /metrics bind for a Prometheus scraper (`--metrics-port`)."""
+    app = web.Application(middlewares=[api_errors])
+    app.router.add_get("/metrics", gw.open_metrics)
+    return app
 
 
 def build_app(gw: Gateway) -> web.Application:

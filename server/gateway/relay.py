@@ -38,7 +38,8 @@ FORWARDED_HEADERS = ("X-Kvgate-Prefix-Tokens", "X-Kvgate-Prefix-Public", "X-Kvga
 class Routed:
     """A validated, authenticated request on its way to a replica."""
 
-    request_id: str
+    request_id: str  # the client's id, as sent to the replica and echoed
+    key: str  # the ledger's key: the id scoped by tenant (ids are unique per tenant)
     identity: Identity
     path: str
     body: bytes
@@ -100,9 +101,7 @@ class Relay:
         tried: set[str] = set()
         while True:
             rep = self._pick(r, tried)
-            self._ledger.reserve(
-                r.request_id, r.identity.tenant, r.identity.priority, rep.id, r.tokens
-            )
+            self._ledger.reserve(r.key, r.identity.tenant, r.identity.priority, rep.id, r.tokens)
             try:
                 return await self._forward(request, r, rep)
             except _UpstreamBroke as exc:
@@ -119,7 +118,7 @@ class Relay:
                     503, "replica_failed", f"replica {rep.id} {exc}; retry", retry_after_s=1
                 ) from None
             finally:
-                self._ledger.release(r.request_id, rep.id)
+                self._ledger.release(r.key, rep.id)
 
     def _pick(self, r: Routed, tried: set[str]) -> ReplicaProc:
         running = [p.id for p in self._supervisor.running() if p.id not in tried]
@@ -142,7 +141,7 @@ class Relay:
         except TimeoutError:
             return False
         tried.add(rep.id)
-        self._ledger.release(r.request_id, rep.id)
+        self._ledger.release(r.key, rep.id)
         return bool([p for p in self._supervisor.running() if p.id not in tried])
 
     async def _forward(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import gc
 import os
 import signal
@@ -11,12 +12,19 @@ import sys
 from collections.abc import Sequence
 
 from server.httputil import start_site, write_json_atomic
-from server.options import add_engine_args, check_engine_args
+from server.options import (
+    add_engine_args,
+    add_http_args,
+    check_engine_args,
+    check_http_args,
+    http_limits,
+)
 from server.replica.app import build_app
 from server.replica.runtime import PARENT_PID_ENV, ReplicaRuntime
 from server.scheduler import ConfigError
 
 PARENT_POLL_S = 0.5
+STANDALONE_MAX_CLIENT_CONNECTIONS = 1024
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -24,6 +32,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--replica-id", default="r0", help="name used in events and headers")
     parser.add_argument("--port", type=int, default=8001, help="0 picks a free port")
     add_engine_args(parser)
+    add_http_args(parser, STANDALONE_MAX_CLIENT_CONNECTIONS)
     return parser.parse_args(argv)
 
 
@@ -33,12 +42,19 @@ async def serve(args: argparse.Namespace) -> int:
     except (ConfigError, ValueError, KeyError) as exc:
         sys.stderr.write(f"kvgate replica: {exc}\n")
         return 2
-    runner, port = await start_site(build_app(rt), args.host, args.port)
+    limits = http_limits(args)
+    if rt.internal_token:
+        # Behind a gateway every connection comes from the gateway: no per-client cap.
+        limits = dataclasses.replace(limits, max_client_connections=0)
+    runner, port = await start_site(build_app(rt), args.host, args.port, limits)
     _tune_gc()
     rt.loop.start()
     rt.events.append_lifecycle("replica_started")
     url = f"http://{args.host}:{port}"
-    print(f"kvgate: replica {rt.replica_id} listening on {url} pid={os.getpid()}", flush=True)
+    mode = "behind its gateway" if rt.internal_token else "standalone (takes API keys)"
+    print(
+        f"kvgate: replica {rt.replica_id} listening on {url} pid={os.getpid()}, {mode}", flush=True
+    )
     if args.ready_file:
         write_json_atomic(
             args.ready_file, {"id": rt.replica_id, "pid": os.getpid(), "port": port, "url": url}
@@ -79,7 +95,7 @@ def _tune_gc() -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    problem = check_engine_args(args)
+    problem = check_engine_args(args) or check_http_args(args)
     if problem:
         sys.stderr.write(f"kvgate replica: {problem}\n")
         return 2

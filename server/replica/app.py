@@ -1,38 +1,46 @@
 """The replica's HTTP app: OpenAI endpoints on top of the step loop, plus health, metrics,
 events and the virtual GPU.
 
-Identity comes from the gateway's internal headers (checked against the deployment's secret)
-or, for a standalone replica, from the API key itself.
+Identity comes from the gateway's internal headers, checked against the deployment's secret
+(a replica started by serve takes nothing else, so no client can bypass the gateway's global
+ledger); a standalone replica, started without a secret, authenticates API keys itself.
+Observability endpoints take the admin key or the internal credential.
 """
 
 from __future__ import annotations
 
-import asyncio
-import hmac
 import time
 from dataclasses import dataclass
 from typing import Literal
 
 from aiohttp import web
 
+from server.headers import (
+    ClientHeaders,
+    client_headers,
+    parse_offset,
+    request_id,
+    same_secret,
+    scoped_key,
+)
 from server.httputil import api_errors, error_response, json_response, read_body
 from server.metrics import CONTENT_TYPE
-from server.protocol import ApiError, ParsedRequest, model_not_found, parse_body, request_id
+from server.promptwork import ContextLimit
+from server.protocol import ApiError, ParsedRequest, model_not_found, parse_body
 from server.replica.loop import StepLoop
 from server.replica.runtime import ReplicaRuntime
 from server.replica.streams import Stream, StreamSpec
 from server.scheduler import Outcome, PrefixSpec, Priority, SeqRequest
 from server.tenants import Identity
-from server.tokenizer import render_chat
 
 INTERNAL_TOKEN_HEADER = "X-Kvgate-Internal-Token"
-LONG_TEXT_CHARS = 16_384  # longer prompts are tokenized off the event loop
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 
 
 @dataclass(slots=True)
 class _Prepared:
     identity: Identity
+    headers: ClientHeaders
     parsed: ParsedRequest
     tokens: list[int]
     prefix: PrefixSpec | None
@@ -64,7 +72,7 @@ class ReplicaHandlers:
         try:
             prep = await self._prepare(request, kind)
             tenant = prep.identity.tenant
-            stream = self._new_stream(request, rid, prep)
+            stream = self._new_stream(prep)
             await self._admit(stream, prep)
             headers.update(self._quota_headers(tenant))
             if prep.parsed.stream:
@@ -84,26 +92,30 @@ class ReplicaHandlers:
     async def _prepare(
         self, request: web.Request, kind: Literal["chat", "completion"]
     ) -> _Prepared:
-        identity = self._identity(request)
+        hdrs = client_headers(request.headers)
+        identity = self._identity(request, hdrs)
         parsed = parse_body(kind, await read_body(request))
         if parsed.model != self.rt.model_name:
             raise model_not_found(parsed.model, self.rt.model_name)
-        tokens = await self._tokens(parsed)
-        prefix = self._prefix(request, len(tokens), kind)
-        return _Prepared(identity, parsed, tokens, prefix)
+        tokens = await self._tokens(parsed, identity.tenant)
+        prefix = self._prefix(hdrs, len(tokens), kind)
+        return _Prepared(identity, hdrs, parsed, tokens, prefix)
 
-    def _new_stream(self, request: web.Request, rid: str, prep: _Prepared) -> Stream:
+    def _new_stream(self, prep: _Prepared) -> Stream:
         spec = StreamSpec(
-            request_id=rid,
+            request_id=scoped_key(prep.identity.tenant, prep.headers.request_id),
+            client_id=prep.headers.request_id,
             tenant=prep.identity.tenant,
             priority=prep.identity.priority,
             kind=prep.parsed.kind,
             model=self.rt.model_name,
             stream=prep.parsed.stream,
             include_usage=prep.parsed.include_usage,
-            debug_timing=request.headers.get("X-Kvgate-Debug-Timing") == "1",
+            continuous_usage=prep.parsed.continuous_usage,
+            debug_timing=prep.headers.debug_timing,
             prompt_tokens=len(prep.tokens),
             ignore_eos=prep.parsed.ignore_eos,
+            min_tokens=prep.parsed.min_tokens,
         )
         return Stream(spec, self.rt.tokenizer.output_json)
 
@@ -146,14 +158,19 @@ class ReplicaHandlers:
             await resp.write_eof()
         return resp
 
-    def _identity(self, request: web.Request) -> Identity:
+    def _identity(self, request: web.Request, hdrs: ClientHeaders) -> Identity:
         token = request.headers.get(INTERNAL_TOKEN_HEADER)
-        if token is None:
-            return self.rt.tenants.authenticate(
-                request.headers.get("Authorization"), request.headers.get("X-Priority")
-            )
         secret = self.rt.internal_token
-        if not secret or not hmac.compare_digest(token, secret):
+        if token is None and not secret:  # standalone: the replica is the front door
+            return self.rt.tenants.authenticate(request.headers.get("Authorization"), hdrs.priority)
+        if token is None:
+            raise ApiError(
+                401,
+                "invalid_api_key",
+                f"replica {self.rt.replica_id} serves only its gateway; send the request to "
+                f"the gateway's URL with your API key",
+            )
+        if not same_secret(token, secret):
             raise ApiError(
                 401, "invalid_api_key", "internal token does not match this deployment's secret"
             )
@@ -166,7 +183,7 @@ class ReplicaHandlers:
             raise ApiError(400, "invalid_request", "gateway sent no valid priority") from None
         return Identity(tenant, priority)
 
-    async def _tokens(self, parsed: ParsedRequest) -> list[int]:
+    async def _tokens(self, parsed: ParsedRequest, tenant: str) -> list[int]:
         tok = self.rt.tokenizer
         if parsed.prompt_ids is not None:
             bad = [t for t in parsed.prompt_ids if not 0 <= t < tok.vocab_size]
@@ -176,34 +193,22 @@ class ReplicaHandlers:
                     "invalid_request",
                     f"prompt token id {bad[0]} is outside the vocabulary (0..{tok.vocab_size - 1})",
                 )
-            return parsed.prompt_ids
-        text = render_chat(parsed.messages) if parsed.kind == "chat" else parsed.prompt_text or ""
-        if not text:
-            raise ApiError(400, "invalid_request", "'prompt' is empty; send at least one token")
-        if len(text) > LONG_TEXT_CHARS:
-            return await asyncio.get_running_loop().run_in_executor(None, tok.encode_nogil, text)
-        return tok.encode(text)
+        config = self.rt.config
+        limits = (
+            ContextLimit(self.rt.tenants.quotas[tenant].max_context_tokens, "your tenant's"),
+            ContextLimit(config.profile.max_context, f"model {self.rt.model_name}'s"),
+        )
+        max_new = parsed.max_tokens or config.max_new_tokens_default
+        # Only the free lower bound here: the scheduler judges (and counts) the exact length.
+        return await self.rt.prompts.tokens(parsed, max_new, limits, exact=False)
 
-    def _prefix(self, request: web.Request, n_tokens: int, kind: str) -> PrefixSpec | None:
-        raw = request.headers.get("X-Kvgate-Prefix-Tokens")
-        if raw is None:
-            return None
-        try:
-            length = int(raw)
-        except ValueError:
-            length = -1
-        if length < 0:
-            raise ApiError(
-                400,
-                "invalid_request",
-                f"X-Kvgate-Prefix-Tokens must be a non-negative integer (got '{raw}')",
-            )
-        length = min(length, n_tokens)
+    def _prefix(self, hdrs: ClientHeaders, n_tokens: int, kind: str) -> PrefixSpec | None:
+        length = min(hdrs.prefix_tokens or 0, n_tokens)
         if length == 0:
             return None
         return PrefixSpec(
             length=length,
-            public=request.headers.get("X-Kvgate-Prefix-Public") == "1",
+            public=hdrs.prefix_public,
             model=self.rt.model_name,
             tokenizer=self.rt.tokenizer.name,
             adapter="",
@@ -234,7 +239,15 @@ class ReplicaHandlers:
             }
         )
 
+    def _observer(self, request: web.Request) -> None:
+        """Observability endpoints: the admin key, or the gateway's internal credential."""
+        token = request.headers.get(INTERNAL_TOKEN_HEADER)
+        if token is not None and same_secret(token, self.rt.internal_token):
+            return
+        self.rt.tenants.require_admin(request.headers.get("Authorization"), request.path)
+
     async def info(self, request: web.Request) -> web.Response:
+        self._observer(request)
         return json_response(self.rt.info)
 
     async def models(self, request: web.Request) -> web.Response:
@@ -253,22 +266,20 @@ class ReplicaHandlers:
         )
 
     async def metrics(self, request: web.Request) -> web.Response:
+        self._observer(request)
         return web.Response(body=self.rt.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
 
     async def events(self, request: web.Request) -> web.Response:
+        self._observer(request)
         raw = request.query.get("after") or "-1"
-        try:
-            cursor = int(raw)
-        except ValueError:
-            raise ApiError(
-                400, "invalid_request", f"after must be an integer cursor (got '{raw}')"
-            ) from None
+        cursor = -1 if raw == "-1" else parse_offset(raw, "after")
         body, nxt = self.rt.events.read_after(cursor)
         return web.Response(
             body=body, content_type="application/x-ndjson", headers={"X-Next-Cursor": str(nxt)}
         )
 
     async def gpu(self, request: web.Request) -> web.Response:
+        self._observer(request)
         g = self.rt.gpu
         return json_response(
             {
@@ -280,6 +291,7 @@ class ReplicaHandlers:
         )
 
     async def reservations(self, request: web.Request) -> web.Response:
+        self._observer(request)
         return json_response(
             {
                 "replica": self.rt.replica_id,
@@ -289,6 +301,7 @@ class ReplicaHandlers:
         )
 
     async def steps(self, request: web.Request) -> web.Response:
+        self._observer(request)
         return json_response(self.loop.stats.snapshot(request.query.get("lags") == "1"))
 
 

@@ -15,6 +15,7 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
+from server.headers import client_id
 from server.scheduler import Event
 
 MEMORY_ROWS = 200_000  # older rows stay in the file only
@@ -69,7 +70,9 @@ class EventLog:
                 "t": ev.t,
                 "replica": self.replica_id,
                 "seq": self._seq,
-                "request_id": ev.request_id,
+                # The scheduler keys requests by tenant-scoped id; a row names the client's id
+                # (its tenant is the next column).
+                "request_id": None if ev.request_id is None else client_id(ev.request_id),
                 "tenant": ev.tenant,
                 "priority": ev.priority.value,
                 "event": ev.event,

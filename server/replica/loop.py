@@ -93,8 +93,8 @@ class StepLoop:
             raise ApiError(
                 400,
                 "invalid_request",
-                f"request id '{req.request_id}' is already in flight on this replica; send a "
-                f"unique X-Request-Id",
+                f"request id '{stream.spec.public_id}' is already in flight on this replica; "
+                f"send a unique X-Request-Id",
             )
         adm = self.scheduler.submit(req)
         if adm.http_status == 200:

@@ -15,6 +15,7 @@ from server.engine.gpus import get_gpu, get_model_compute
 from server.engine.sim import GIB, CostModel, VirtualGpu
 from server.metrics import ReplicaMetrics
 from server.options import load_config, target_info
+from server.promptwork import PromptTokenizer
 from server.replica.events import EventLog
 from server.replica.loop import StepLoop
 from server.scheduler import Scheduler
@@ -38,6 +39,9 @@ class ReplicaRuntime:
         self.model_name = self.config.model
         self.tenants = load_tenants(args.tenants)
         self.tokenizer = TextTokenizer(args.tokenizer)
+        self.prompts = PromptTokenizer(self.tokenizer)
+        # Set by serve: this replica then takes only its gateway's requests. Unset, it is a
+        # standalone replica that authenticates API keys itself.
         self.internal_token = os.environ.get(INTERNAL_TOKEN_ENV, "")
         profile = self.config.profile
         sku = get_gpu(args.gpu)

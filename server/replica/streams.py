@@ -26,7 +26,7 @@ MAX_WRITE_BUFFER = 4 * 1024 * 1024
 class StreamSpec:
     """Everything fixed about a request once it has been parsed and authenticated."""
 
-    request_id: str
+    request_id: str  # the scheduler's key: the client's id scoped by tenant
     tenant: str
     priority: Priority
     kind: str  # "chat" | "completion"
@@ -36,6 +36,13 @@ class StreamSpec:
     debug_timing: bool
     prompt_tokens: int
     ignore_eos: bool
+    client_id: str = ""  # the client's X-Request-Id (the output's ids); "" = request_id
+    continuous_usage: bool = False  # vLLM's continuous_usage_stats: usage on every chunk
+    min_tokens: int = 0
+
+    @property
+    def public_id(self) -> str:
+        return self.client_id or self.request_id
 
 
 def natural_length(request_id: str) -> int:
@@ -77,7 +84,7 @@ class Stream:
         self.spec = spec
         self.created = int(time.time())
         self._words = words
-        self._seed = zlib.crc32(spec.request_id.encode())
+        self._seed = zlib.crc32(spec.public_id.encode())
         self.emitted = 0
         self.max_new = 0
         self.target = 0
@@ -91,7 +98,7 @@ class Stream:
         loop = asyncio.get_running_loop()
         self.admitted: asyncio.Future[None] = loop.create_future()
         self._done: asyncio.Future[None] = loop.create_future()
-        rid = json.dumps(spec.request_id)[1:-1]
+        rid = json.dumps(spec.public_id)[1:-1]
         model = json.dumps(spec.model)[1:-1]
         if spec.kind == "chat":
             self._head = (
@@ -110,7 +117,7 @@ class Stream:
     def set_budget(self, max_new: int, cached_tokens: int) -> None:
         self.max_new = max_new
         self.cached_tokens = cached_tokens
-        natural = natural_length(self.spec.request_id)
+        natural = max(natural_length(self.spec.public_id), self.spec.min_tokens)
         self.target = max_new if self.spec.ignore_eos else min(natural, max_new)
         self.finish_reason = "length" if self.target == max_new else "stop"
 
@@ -153,12 +160,15 @@ class Stream:
         if not self.spec.stream:
             self.texts.append(word)
             return None
-        payload = self._head + word + self._tail + stamp
+        tail = self._tail + self._usage_field() if self.spec.continuous_usage else self._tail
+        payload = self._head + word + tail + stamp
         return self._write(b"%x\r\n%s\n\n\r\n" % (len(payload) + 2, payload))
 
     def role_chunk(self) -> bytes:
         """The first SSE event of a chat stream: role only, no content (as OpenAI sends)."""
         obj = self._chunk_obj([{"index": 0, "delta": {"role": "assistant", "content": ""}}])
+        if self.spec.continuous_usage:
+            obj["usage"] = self.usage(cached=False)
         return sse(obj)
 
     def closing_events(self, t: float) -> bytes:
@@ -167,7 +177,10 @@ class Stream:
             last = {"index": 0, "delta": {}, "logprobs": None, "finish_reason": self.finish_reason}
         else:
             last = {"index": 0, "text": "", "logprobs": None, "finish_reason": self.finish_reason}
-        out = [sse(self._chunk_obj([last], t))]
+        finish = self._chunk_obj([last], t)
+        if self.spec.continuous_usage:
+            finish["usage"] = self.usage(cached=False)
+        out = [sse(finish)]
         if self.spec.include_usage:
             usage = self._chunk_obj([], t)
             usage["usage"] = self.usage()
@@ -180,7 +193,7 @@ class Stream:
     ) -> dict[str, object]:
         chat = self.spec.kind == "chat"
         obj: dict[str, object] = {
-            "id": ("chatcmpl-" if chat else "cmpl-") + self.spec.request_id,
+            "id": ("chatcmpl-" if chat else "cmpl-") + self.spec.public_id,
             "object": "chat.completion.chunk" if chat else "text_completion",
             "created": self.created,
             "model": self.spec.model,
@@ -190,13 +203,24 @@ class Stream:
             obj["kvgate_emit_ts"] = t if t is not None else time.time()
         return obj
 
-    def usage(self) -> dict[str, object]:
-        return {
+    def usage(self, cached: bool = True) -> dict[str, object]:
+        out: dict[str, object] = {
             "prompt_tokens": self.spec.prompt_tokens,
             "completion_tokens": self.emitted,
             "total_tokens": self.spec.prompt_tokens + self.emitted,
-            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
         }
+        if cached:
+            out["prompt_tokens_details"] = {"cached_tokens": self.cached_tokens}
+        return out
+
+    def _usage_field(self) -> bytes:
+        """`,"usage":{...}` for a token chunk: the counts so far, as vLLM sends them."""
+        p, n = self.spec.prompt_tokens, self.emitted
+        return b',"usage":{"prompt_tokens":%d,"completion_tokens":%d,"total_tokens":%d}' % (
+            p,
+            n,
+            p + n,
+        )
 
     def response_body(self) -> dict[str, object]:
         """The non-streaming answer."""
@@ -217,7 +241,7 @@ class Stream:
                 "finish_reason": self.finish_reason,
             }
         return {
-            "id": ("chatcmpl-" if chat else "cmpl-") + self.spec.request_id,
+            "id": ("chatcmpl-" if chat else "cmpl-") + self.spec.public_id,
             "object": "chat.completion" if chat else "text_completion",
             "created": self.created,
             "model": self.spec.model,

@@ -81,6 +81,10 @@ class TextTokenizer:
             ) from None
         self.name = self.path.name
         self.vocab_size = self._tok.get_vocab_size()
+        # No token covers more characters of text than its longest vocabulary entry has (a
+        # byte-level entry spells one byte per character), so a text of C characters is at
+        # least C / max_token_chars tokens: a bound that costs nothing to check.
+        self.max_token_chars = max(1, max(len(k) for k in self._tok.get_vocab(True)))
         ids: list[int] = []
         texts: list[str] = []
         for word in _OUTPUT_WORDS:
@@ -101,6 +105,10 @@ class TextTokenizer:
         """Same ids as `encode`, but the Rust side releases the GIL (encode_batch does, encode
         does not), so a worker thread can tokenize a long prompt without stalling the loop."""
         return self._tok.encode_batch([text], add_special_tokens=False)[0].ids
+
+    def min_tokens(self, chars: int) -> int:
+        """A lower bound on the tokens of any text of `chars` characters (see __init__)."""
+        return -(-chars // self.max_token_chars)
 
     def count(self, text: str) -> int:
         return len(self._tok.encode(text, add_special_tokens=False).ids)

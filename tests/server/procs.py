@@ -82,7 +82,10 @@ def events(url: str) -> list[dict]:
     cursor = ""
     for _ in range(1000):
         resp = requests.get(
-            f"{url}/debug/events", params={"after": cursor} if cursor else None, timeout=10
+            f"{url}/debug/events",
+            params={"after": cursor} if cursor else None,
+            headers=key("admin"),
+            timeout=10,
         )
         resp.raise_for_status()
         lines = [json.loads(line) for line in resp.text.splitlines() if line]

@@ -67,7 +67,8 @@ def test_seed_rejects_instead(tmp_path: Path) -> None:
         assert all(ra.isdigit() and int(ra) >= 1 for _, ra in rejected)
         assert all(s in (200, 429, 503) for s, _ in results), results
         assert any(s == 200 for s, _ in results)
-        gpu = requests.get(proc.url + "/debug/gpu", timeout=5).json()
+        admin = {"Authorization": "Bearer kvg-admin-key"}
+        gpu = requests.get(proc.url + "/debug/gpu", headers=admin, timeout=5).json()
         assert gpu["used_bytes"] <= gpu["total_bytes"]
     finally:
         proc.stop()

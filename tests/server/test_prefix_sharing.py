@@ -26,8 +26,10 @@ def _cached(url: str, tenant: str, system: str, public: bool) -> int:
 
 
 @pytest.mark.parametrize("via", ["replica", "gateway"])
-def test_private_prefix_is_not_shared_public_is(deployment: Proc, via: str) -> None:
-    url = deployment.ready["replicas"][0]["url"] if via == "replica" else deployment.url
+def test_private_prefix_is_not_shared_public_is(
+    deployment: Proc, standalone_replica: Proc, via: str
+) -> None:
+    url = standalone_replica.url if via == "replica" else deployment.url
     private = f"{via} confidential instructions for tenants only. " * 8
     assert _cached(url, "acme", private, public=False) == 0
     assert _cached(url, "acme", private, public=False) == 64  # same tenant: a hit

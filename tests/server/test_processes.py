@@ -35,9 +35,10 @@ def test_serve_prints_writes_ready_and_stops_everything(tmp_path: Path) -> None:
             ("r0", "running"),
             ("r1", "running"),
         ]
-        info = requests.get(dep.url + "/info", timeout=5).json()
-        assert requests.get(dep.url + "/debug/info", timeout=5).json() == info
-        replica_info = requests.get(ready["replicas"][0]["url"] + "/info", timeout=5).json()
+        info = requests.get(dep.url + "/info", headers=key("acme"), timeout=5).json()
+        assert requests.get(dep.url + "/debug/info", headers=key("admin"), timeout=5).json() == info
+        replica_url = ready["replicas"][0]["url"]
+        replica_info = requests.get(replica_url + "/info", headers=key("admin"), timeout=5).json()
         assert info["replicas"] == 2 and replica_info["replica"] == "r0"
         assert info["scheduler_config_digest"] == replica_info["scheduler_config_digest"]
         assert len(info["scheduler_config_digest"]) == 64 and info["gpu_sku"] == "h100-80gb"
@@ -75,11 +76,11 @@ def test_standalone_replica_endpoints(tmp_path: Path) -> None:
         assert resp.status_code == 401, "a standalone replica has no secret to match"
         models = requests.get(url + "/v1/models", timeout=5).json()
         assert models["data"][0]["id"] == "llama-3-8b"
-        gpu = requests.get(url + "/debug/gpu", timeout=5).json()
+        gpu = requests.get(url + "/debug/gpu", headers=key("admin"), timeout=5).json()
         assert gpu["sku"] == "h200-141gb" and gpu["total_bytes"] == 143771 << 20
         assert gpu["used_bytes"] == sum(gpu["by_category"].values())
         assert set(gpu["by_category"]) >= {"weights", "kv_cache", "activations"}
-        metrics = requests.get(url + "/metrics", timeout=5).text
+        metrics = requests.get(url + "/metrics", headers=key("admin"), timeout=5).text
         for name in (
             "kvgate_pool_blocks_total",
             "kvgate_pool_usage_ratio",
@@ -120,10 +121,32 @@ def test_debug_timing_stamps_every_chunk(deployment: Proc) -> None:
     assert stamps == sorted(stamps) and t0 <= stamps[0] <= time.time()
 
 
-def test_deployment_replica_ignores_identity_headers_without_the_secret(
-    deployment: Proc,
-) -> None:
+def test_deployment_replica_takes_only_its_gateway(deployment: Proc) -> None:
+    """A tenant key straight to a replica would bypass the gateway's global ledger."""
     replica = deployment.ready["replicas"][1]["url"]
+    spoof = {"X-Kvgate-Tenant": "system", "X-Kvgate-Priority": "critical"}
+    for headers in (key("tiny"), {**key("tiny"), **spoof}, key("admin"), spoof):
+        resp = requests.post(
+            replica + "/v1/chat/completions", json=CHAT, timeout=10, headers=headers
+        )
+        assert resp.status_code == 401, resp.text
+        assert "gateway" in resp.json()["error"]["message"]
+    resp = requests.post(
+        replica + "/v1/chat/completions",
+        json=CHAT,
+        timeout=10,
+        headers={**spoof, "X-Kvgate-Internal-Token": "0" * 32},
+    )
+    assert resp.status_code == 401
+    for path in ("/metrics", "/debug/events", "/debug/reservations", "/info"):
+        assert requests.get(replica + path, headers=key("tiny"), timeout=5).status_code == 401
+        assert requests.get(replica + path, headers=key("admin"), timeout=5).status_code == 200
+
+
+def test_standalone_replica_ignores_identity_headers_without_the_secret(
+    standalone_replica: Proc,
+) -> None:
+    replica = standalone_replica.url
     spoof = {"X-Kvgate-Tenant": "system", "X-Kvgate-Priority": "critical"}
     resp = requests.post(
         replica + "/v1/chat/completions", json=CHAT, timeout=10, headers={**key("tiny"), **spoof}

@@ -132,7 +132,7 @@ def test_kill_replica_during_streams(tmp_path: Path) -> None:
             assert b["replica"] == "r1" and b["body"]["usage"]["completion_tokens"] == 300
 
         _assert_never_on_two_replicas(events(dep.url))
-        metrics = requests.get(dep.url + "/metrics", timeout=5).text
+        metrics = requests.get(dep.url + "/metrics", headers=ADMIN, timeout=5).text
         assert 'kvgate_gateway_replica_up{replica="r0"} 0.0' in metrics
         assert "kvgate_gateway_retries_total 0.0" not in metrics
 

@@ -38,7 +38,10 @@ def run_task(user: User, times: int = 1) -> None:
 
 
 def server_events(url: str) -> list[dict[str, Any]]:
-    with urllib.request.urlopen(f"{url}/debug/events?after=0", timeout=5) as resp:
+    req = urllib.request.Request(
+        f"{url}/debug/events?after=0", headers={"Authorization": "Bearer kvg-admin-key"}
+    )
+    with urllib.request.urlopen(req, timeout=5) as resp:
         return [json.loads(line) for line in resp.read().decode().splitlines() if line]
 
 

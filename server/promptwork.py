@@ -1,0 +1,90 @@
+"""Bounded prompt work, shared by the gateway and the replica: the context check, a free
+lower bound on a prompt's tokens checked before tokenizing, and tokenization off the event
+loop on a small dedicated pool.
+
+A prompt can only reach the tokenizer when its lower bound fits the context limit, so the
+text tokenized per request is capped at `limit x max_token_chars` characters (about 430 K
+for a 32 K context with the default tokenizer) whatever the body size.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from server.protocol import ApiError, ParsedRequest
+from server.tokenizer import TextTokenizer, render_chat
+
+INLINE_CHARS = 16_384  # shorter prompts tokenize in well under a millisecond: on the loop
+TOKENIZE_WORKERS = 2  # long prompts queue here rather than each taking a core and memory
+
+
+@dataclass(frozen=True, slots=True)
+class ContextLimit:
+    """A context window in tokens and whose it is, for the refusal message."""
+
+    tokens: int
+    whose: str
+
+
+def check_context(
+    prompt: int, max_new: int, default: bool, limits: Sequence[ContextLimit], at_least: str = ""
+) -> None:
+    """ApiError(400 too_long) when prompt + max_new passes any limit. `at_least` describes a
+    lower bound (the prompt was not tokenized) and goes into the message."""
+    total = prompt + max_new
+    asked = f"the default max_tokens ({max_new})" if default else f"max_tokens ({max_new})"
+    for limit in limits:
+        if total > limit.tokens:
+            size = f"at least {prompt} tokens{at_least}" if at_least else f"{prompt} tokens"
+            raise ApiError(
+                400,
+                "too_long",
+                f"input ({size}) plus {asked} exceeds {limit.whose} {limit.tokens}-token "
+                f"context limit; shorten the input or lower max_tokens",
+            )
+
+
+class PromptTokenizer:
+    """Owns the tokenizing pool. Invariant: no text reaches the tokenizer unless its lower
+    bound plus max_new fits every limit."""
+
+    def __init__(self, tokenizer: TextTokenizer) -> None:
+        self.tokenizer = tokenizer
+        self._pool = ThreadPoolExecutor(TOKENIZE_WORKERS, thread_name_prefix="kvgate-tokenize")
+
+    async def tokens(
+        self,
+        parsed: ParsedRequest,
+        max_new: int,
+        limits: Sequence[ContextLimit],
+        exact: bool = True,
+    ) -> list[int]:
+        """The prompt's token ids, checked against `limits` (ApiError 400 otherwise); with
+        `exact=False` only the lower bound is checked here (the replica's scheduler checks
+        the exact count itself, and counts the refusal)."""
+        default = parsed.max_tokens is None
+        if parsed.prompt_ids is not None:
+            ids = parsed.prompt_ids
+        else:
+            chars = parsed.prompt_chars()
+            bound = self.tokenizer.min_tokens(chars)
+            check_context(bound, max_new, default, limits, f" in {chars} characters")
+            ids = await self._encode(parsed)
+        if exact:
+            check_context(len(ids), max_new, default, limits)
+        return ids
+
+    async def _encode(self, parsed: ParsedRequest) -> list[int]:
+        text = render_chat(parsed.messages) if parsed.kind == "chat" else parsed.prompt_text or ""
+        if not text:
+            raise ApiError(400, "invalid_request", "'prompt' is empty; send at least one token")
+        if len(text) <= INLINE_CHARS:
+            return self.tokenizer.encode(text)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, self.tokenizer.encode_nogil, text)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
