@@ -14,13 +14,13 @@ import argparse
 import contextlib
 import gzip
 import json
+import multiprocessing
 import random
 import socket
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import zlib
 from collections.abc import Sequence
@@ -278,24 +278,26 @@ def big_prompt_refusal(url: str, pid: int) -> dict[str, float | int | None]:
     }
 
 
-def health_under_attack(url: str, seconds: float, senders: int) -> dict[str, float]:
-    """/health latency (ms) measured every 20 ms while `senders` threads send gzip bombs
-    and 7 MB prompts."""
+def _attack(url: str, stop: Any) -> None:
+    """One sender process: gzip bombs and 7 MB prompts until `stop` is set."""
     host = url.removeprefix("http://")
-    heavy = [
-        build(c, host) for c in corpus() if c.name in ("gzip_bomb", "prompt_7mb", "gzip_valid")
-    ]
-    stop = threading.Event()
+    names = ("gzip_bomb", "prompt_7mb", "gzip_valid")
+    heavy = [build(c, host) for c in corpus() if c.name in names or c.body[:2] == b"\x1f\x8b"]
+    i = 0
+    while not stop.is_set():
+        exchange(url, heavy[i % len(heavy)])
+        i += 1
 
-    def attack() -> None:
-        i = 0
-        while not stop.is_set():
-            exchange(url, heavy[i % len(heavy)])
-            i += 1
 
-    threads = [threading.Thread(target=attack, daemon=True) for _ in range(senders)]
-    for t in threads:
-        t.start()
+def health_under_attack(url: str, seconds: float, senders: int) -> dict[str, float]:
+    """/health latency (ms) measured every 20 ms while `senders` processes (separate, so
+    their work does not delay this one's probes) send gzip bombs and 7 MB prompts."""
+    host = url.removeprefix("http://")
+    stop = multiprocessing.Event()
+    procs = [multiprocessing.Process(target=_attack, args=(url, stop)) for _ in range(senders)]
+    for p in procs:
+        p.start()
+    time.sleep(2.0)  # let every sender build its bodies and start sending
     lat: list[float] = []
     probe = b"GET /health HTTP/1.1\r\nHost: " + host.encode() + b"\r\nConnection: close\r\n\r\n"
     deadline = time.monotonic() + seconds
@@ -303,8 +305,8 @@ def health_under_attack(url: str, seconds: float, senders: int) -> dict[str, flo
         lat.append(exchange(url, probe).seconds * 1000)
         time.sleep(0.02)
     stop.set()
-    for t in threads:
-        t.join(60)
+    for p in procs:
+        p.join(60)
     lat.sort()
     return {
         "probes": len(lat),

@@ -1,6 +1,6 @@
 """Bounded prompt work, shared by the gateway and the replica: the context check, a free
-lower bound on a prompt's tokens checked before tokenizing, and tokenization off the event
-loop on a small dedicated pool.
+lower bound on a prompt's tokens checked before tokenizing, and parsing of large bodies and
+tokenization of long prompts off the event loop on a small dedicated pool.
 
 A prompt can only reach the tokenizer when its lower bound fits the context limit, so the
 text tokenized per request is capped at `limit x max_token_chars` characters (about 430 K
@@ -13,11 +13,15 @@ import asyncio
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Literal
 
-from server.protocol import ApiError, ParsedRequest
+from server.protocol import ApiError, ParsedRequest, parse_body
 from server.tokenizer import TextTokenizer, render_chat
 
 INLINE_CHARS = 16_384  # shorter prompts tokenize in well under a millisecond: on the loop
+# Larger bodies parse on the pool: json.loads of a 7 MB body holds the loop for tens of ms,
+# while a worker thread yields the GIL to the loop every switch interval (5 ms).
+INLINE_BODY_BYTES = 256 * 1024
 TOKENIZE_WORKERS = 2  # long prompts queue here rather than each taking a core and memory
 
 
@@ -54,6 +58,13 @@ class PromptTokenizer:
     def __init__(self, tokenizer: TextTokenizer) -> None:
         self.tokenizer = tokenizer
         self._pool = ThreadPoolExecutor(TOKENIZE_WORKERS, thread_name_prefix="kvgate-tokenize")
+
+    async def parse(self, kind: Literal["chat", "completion"], body: bytes) -> ParsedRequest:
+        """`protocol.parse_body`, off the event loop for large bodies."""
+        if len(body) <= INLINE_BODY_BYTES:
+            return parse_body(kind, body)
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, parse_body, kind, body)
 
     async def tokens(
         self,

@@ -21,7 +21,7 @@ from server.httputil import api_errors, error_response, json_response, read_body
 from server.metrics import CONTENT_TYPE, GatewayMetrics
 from server.options import engine_argv, load_config, target_info
 from server.promptwork import ContextLimit, PromptTokenizer
-from server.protocol import ApiError, model_not_found, parse_body
+from server.protocol import ApiError, model_not_found
 from server.tenants import Identity, load_tenants
 from server.tokenizer import TextTokenizer
 
@@ -112,7 +112,7 @@ class Gateway:
         path: str,
     ) -> Routed:
         body = await read_body(request)
-        parsed = parse_body(kind, body)
+        parsed = await self.prompts.parse(kind, body)
         if parsed.model != self.model_name:
             raise model_not_found(parsed.model, self.model_name)
         max_new = parsed.max_tokens or self.config.max_new_tokens_default

@@ -26,7 +26,7 @@ from server.headers import (
 from server.httputil import api_errors, error_response, json_response, read_body
 from server.metrics import CONTENT_TYPE
 from server.promptwork import ContextLimit
-from server.protocol import ApiError, ParsedRequest, model_not_found, parse_body
+from server.protocol import ApiError, ParsedRequest, model_not_found
 from server.replica.loop import StepLoop
 from server.replica.runtime import ReplicaRuntime
 from server.replica.streams import Stream, StreamSpec
@@ -94,7 +94,7 @@ class ReplicaHandlers:
     ) -> _Prepared:
         hdrs = client_headers(request.headers)
         identity = self._identity(request, hdrs)
-        parsed = parse_body(kind, await read_body(request))
+        parsed = await self.rt.prompts.parse(kind, await read_body(request))
         if parsed.model != self.rt.model_name:
             raise model_not_found(parsed.model, self.rt.model_name)
         tokens = await self._tokens(parsed, identity.tenant)
