@@ -299,7 +299,10 @@ class Orchestrator:
     ) -> None:
         lag: dict[str, float | None] = {"p99": None, "max": None}
         if counts and schema.SAMPLES in counts:
-            lag = summary.sim_lag_ms(read_table(self.run_dir, schema.SAMPLES).frame)
+            lag = summary.sim_lag_ms(
+                read_table(self.run_dir, schema.SAMPLES).frame,
+                read_table(self.run_dir, schema.FAULTS).frame,
+            )
         phases, capacity = self._shape_facts()
         gen = self.loadgen
         meta: dict[str, Any] = {

@@ -215,3 +215,18 @@ def test_sim_lag_ignores_seconds_in_which_no_step_ran() -> None:
     idle = {"0.01": 0, "0.25": 0, "+Inf": 0}
     seconds = [idle, quiet, idle, idle, quiet]
     assert sim_lag_ms(pd.DataFrame(_lag_rows("r0", seconds)))["p99"] == 10.0
+
+
+def test_a_replicas_own_fault_window_is_not_simulator_lag() -> None:
+    """A paused replica's frozen step loop lags by design: its pause (and a few seconds of
+    catching up) is left out, while the same lag on the other replica still counts."""
+    quiet = {"0.01": 100, "0.25": 100, "+Inf": 100}
+    frozen = {"0.01": 0, "0.25": 0, "+Inf": 5}  # steps that ended > 250 ms late
+    seconds = [quiet] * 20 + [frozen] + [quiet] * 79
+    rows = _lag_rows("r0", seconds) + _lag_rows("r1", [quiet] * 100)
+    faults = pd.DataFrame({"target": ["r0"], "t_start": [19.5], "t_end": [21.0], "kind": ["pause"]})
+    assert sim_lag_ms(pd.DataFrame(rows), faults)["p99"] == 10.0
+    on_the_other = pd.DataFrame({**faults, "target": ["r1"]})
+    assert sim_lag_ms(pd.DataFrame(rows), on_the_other)["p99"] == 10.0  # 1 of 198 seconds
+    rows_r1 = _lag_rows("r0", [quiet] * 100) + _lag_rows("r1", [frozen] * 3 + [quiet] * 97)
+    assert sim_lag_ms(pd.DataFrame(rows_r1), faults)["p99"] > 250.0
