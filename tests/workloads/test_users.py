@@ -187,6 +187,20 @@ def test_an_idle_phase_class_stops_when_the_shape_finishes(server: FakeServer) -
     assert not records and not server.requests
 
 
+def test_an_aligned_burst_waits_for_the_next_multiple_of_align_s(
+    server: FakeServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every user aligned to 20 s fires at the same wall-clock instants (103 s -> 120 s)."""
+    from workloads.users import traffic
+
+    slept: list[float] = []
+    monkeypatch.setattr(traffic.time, "time", lambda: 103.0)
+    monkeypatch.setattr(traffic.gevent, "sleep", slept.append)
+    user, records = make_user("tenant_burst", server.url, burst_size=2, align_s=20.0)
+    run_task(user)
+    assert slept[0] == pytest.approx(17.0) and len(records) == 2
+
+
 def test_batch_backs_off_as_retry_after_asks(server: FakeServer) -> None:
     user, records = make_user(
         "batch", server.url, extra_headers={"X-Fake": "reject"}, max_retry_sleep_s=0.2

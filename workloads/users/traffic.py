@@ -6,9 +6,11 @@ attribute a plan may override. Sizes are in tokens of the reference tokenizer.
 
 from __future__ import annotations
 
+import time
 import zlib
 from typing import ClassVar
 
+import gevent
 from locust import between, constant, task
 
 from workloads.users.base import KvgateUser
@@ -162,7 +164,11 @@ class CancelStorm(KvgateUser):
 
 
 class TenantBurst(KvgateUser):
-    """One tenant suddenly opening `burst_size` concurrent requests (tests the tenant cap)."""
+    """One tenant suddenly opening `burst_size` concurrent requests (tests the tenant cap).
+
+    With `align_s`, each burst waits for the next multiple of `align_s` on the wall clock, so
+    every user of every class aligned alike fires together — agents triggered by one event,
+    jobs started by the same cron tick."""
 
     traffic_class = "tenant_burst"
     label = "tenant_burst"
@@ -170,10 +176,13 @@ class TenantBurst(KvgateUser):
     weight = 1
     burst_size: ClassVar[int] = 48
     prompt_tokens, max_tokens = 1024, 256
+    align_s: ClassVar[float | None] = None
     wait_time = between(5.0, 10.0)
 
     @task
     def flood(self) -> None:
+        if self.align_s:
+            gevent.sleep(self.align_s - time.time() % self.align_s)
         self.burst(self.burst_size, self.send_prompt)
 
 
