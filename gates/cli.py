@@ -1,6 +1,7 @@
 """`kvgate gate RUN_DIR [--gates FILE]`: judge a run.
 
-Exit codes: 0 pass, 3 fail, 4 marginal, 5 invalid, 2 usage (bad arguments, directory or gate file).
+Exit codes: 0 pass, 3 fail, 4 marginal, 5 invalid, 2 usage (bad arguments, run directory or
+gate file, or verdict.json / junit.xml cannot be written).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from gates.evaluator import evaluate_run
-from gates.rundir import RunDirError
+from gates.rundir import RunDirError, unwritable
 from gates.spec import GateSpecError
 from gates.verdict import EXIT_USAGE, Verdict
 
@@ -37,15 +38,28 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def format_verdict(verdict: Verdict, quiet: bool = False) -> str:
+def format_verdict(verdict: Verdict, quiet: bool = False, header: bool = True) -> str:
+    """The verdict line, then one line per gate: status, id, value with interval and n, the
+    threshold and any caveat; a gate that did not pass adds its message and evidence.
+
+    `header=False` leaves out the verdict line, for callers that print their own.
+    """
     lines = [f"verdict: {verdict.status} (score {verdict.score:g}) for {verdict.run_dir}"]
+    lines = lines if header else []
     lines += [f"  run: {p}" for p in verdict.run_problems]
     if quiet:
         return "\n".join(lines)
     for gate in verdict.gates:
         key = " [key]" if gate.key else ""
-        lines.append(f"  {gate.status:<8} {gate.id}{key}: {gate.message} (n={gate.n_samples})")
-        for item in gate.evidence[:3] if gate.status != "PASS" else []:
+        caveats = "".join(f"; {c}" for c in gate.caveats())
+        lines.append(
+            f"  {gate.status:<8} {gate.id}{key}: {gate.value_text()} "
+            f"(threshold {gate.threshold}){caveats}"
+        )
+        if gate.status == "PASS":
+            continue
+        lines.append(f"           {gate.message}")
+        for item in gate.evidence[:3]:
             lines.append(f"           evidence: {item}")
     return "\n".join(lines)
 
@@ -62,6 +76,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         verdict = evaluate_run(args.run_dir, args.gates)
     except (RunDirError, GateSpecError) as exc:
         print(f"kvgate gate: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except OSError as exc:  # the reader turns its own OSErrors into RunDirError: this is a write
+        print(f"kvgate gate: {unwritable(exc)}", file=sys.stderr)
         return EXIT_USAGE
     print(format_verdict(verdict, args.quiet))
     print(f"wrote {args.run_dir / 'verdict.json'} and {args.run_dir / 'junit.xml'}")

@@ -69,7 +69,13 @@ def _run_dir(plan: Plan, out: str | None) -> Path:
     else:
         stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
         run_dir = Path(plan.output_dir) / f"{plan.name}-{stamp}"
-    run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise PlanError(
+            f"cannot create the run directory {run_dir} ({exc.strerror or exc}); "
+            "choose another with --out or the plan's output_dir"
+        ) from None
     return run_dir
 
 
@@ -90,10 +96,13 @@ def _judge(run_dir: Path, plan: Plan) -> int:
 
     try:
         from gates import evaluate_run
+        from gates.cli import format_verdict
         from reports import write_reports
 
         verdict = evaluate_run(run_dir, gates_file=plan.resolve(plan.gates))
         print(f"kvgate: verdict {verdict.status} ({run_dir / 'verdict.json'})")
+        # Each gate's value with its interval and n: how sure the verdict is, at a glance.
+        print(format_verdict(verdict, header=False))
         for name, path in write_reports(run_dir).items():
             print(f"kvgate: {name}: {path}")
     except GateSpecError as exc:
@@ -159,7 +168,8 @@ def _run(plan: Plan, args: argparse.Namespace) -> int:
 
     console = Console(stderr=True)
     try:
-        # the traffic and the gates must be sound before anything is started
+        # the plan's files, traffic and gates must be sound before anything is started
+        plan.check_files()
         build_user_classes(plan, "http://127.0.0.1")
         build_shape(plan)
         if not args.no_gates:

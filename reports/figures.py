@@ -1,10 +1,13 @@
 """The report's charts, in the order a reader wants them, each built from reports/analysis.py.
 
-Each builder returns the chart (for the HTML) and its numbers (for report.json).
+Each builder returns the chart (for the HTML) and its numbers (for report.json). A builder
+that draws a gate's line takes the verdict as a `verdict` parameter, so the line is the one
+the run was judged by, not a number written here.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from itertools import pairwise
 from typing import Any
@@ -12,14 +15,19 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+import contract
 from gates.rundir import RunData
-from reports import analysis
-from reports.charts import BarChart, Line, LineChart, Rule
+from gates.stats import percentile
+from gates.verdict import Verdict
+from reports import analysis, gated
+from reports.charts import Band, BarChart, Line, LineChart, Point, Rule, ScatterChart
 
-Figure = tuple[LineChart | BarChart, dict[str, Any]]
+Figure = tuple[LineChart | BarChart | ScatterChart, dict[str, Any]]
 RELEASE_EDGES = (0.0, 0.1, 0.25, 0.5, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, np.inf)
-RELEASE_LIMIT_S = 2.0
-TTFT_SLO_S = 0.9
+RELEASE_LIMIT_S = contract.CANCEL_RELEASE_P99_S
+# Past this many requests under the line the scatter thins them (evenly, in time order), so
+# the report's size stays bounded; every request over the line or without a value is drawn.
+MAX_POINTS = 4000
 
 
 def _lines(frame: pd.DataFrame, key: str) -> list[Line]:
@@ -77,18 +85,97 @@ def gpu_memory(run: RunData) -> Figure:
     return chart, {"source": source, "capacity_gib": cap, "series": frame.to_dict("list")}
 
 
-def ttft(run: RunData) -> Figure:
+def ttft(run: RunData, verdict: Verdict | None = None) -> Figure:
     q = analysis.ttft_quantiles(run)
+    gate = gated.ttft_gate(verdict)
+    rules, bold = [], []
+    if gate is not None:
+        rules = [Rule(gate.threshold.value, f"{gate.gate_id}: {gate.threshold.text}", "#dc2626")]
+        bold = [g for g in q["group"].tolist() if gate.covers(*g.split("/", 1))]
     chart = BarChart(
         id="ttft",
-        title="TTFT by traffic class and priority",
-        y_label="seconds",
+        title="TTFT by traffic class and priority (log scale)",
+        y_label="seconds (log)",
         categories=q["group"].tolist(),
         groups={name: q[name].tolist() for name in ("p50", "p95", "p99")},
-        hrules=[Rule(TTFT_SLO_S, "critical p95 limit 900 ms", "#dc2626")],
+        hrules=rules,
         empty="no request received a first token",
+        # Batch TTFTs of tens of seconds would flatten the gated sub-second class on a
+        # linear axis; on a log axis every class reads, and the gated one is in bold.
+        log=True,
+        highlight=bold,
+        caption="Bold: the classes the TTFT gate judges; dashed: its line.",
     )
     return chart, {"quantiles": q.to_dict("records")}
+
+
+def critical_ttft(run: RunData, verdict: Verdict | None = None) -> Figure:
+    """Each gated request's TTFT against time since load start, the gate's line, the faults."""
+    gate = gated.ttft_gate(verdict)
+    frame, origin = gated.ttft_observations(run, gate)
+    line = None if gate is None else gate.threshold
+    values = frame["value"].to_numpy(dtype=float)
+    x = frame["t"].to_numpy(dtype=float) - origin
+    finite = np.isfinite(values)
+    breach = np.array([line is not None and not line.holds(v) for v in values], dtype=bool)
+    under = np.flatnonzero(finite & ~breach)
+    if len(under) > MAX_POINTS:
+        under = under[np.linspace(0, len(under) - 1, MAX_POINTS).astype(int)]
+    keep = np.sort(np.concatenate([under, np.flatnonzero(finite & breach)]))
+    ids = frame["request_id"].astype(str).to_numpy()
+    points = [
+        Point(
+            float(x[i]),
+            float(values[i]),
+            bool(breach[i]),
+            f"{ids[i]}: {values[i]:.3f} s at +{x[i]:.1f} s" if breach[i] else "",
+        )
+        for i in keep
+    ]
+    censored = [
+        Point(float(x[i]), math.inf, True, f"{ids[i]}: no first token, sent at +{x[i]:.1f} s")
+        for i in np.flatnonzero(~finite)
+    ]
+    who = gated.describe_filter(gate)
+    rule = None
+    if gate is not None and line is not None:
+        where = (
+            "" if gate.from_verdict else ", from the built-in gates: the verdict has no TTFT gate"
+        )
+        rule = Rule(line.value, f"{gate.gate_id}: {line.text}{where}", "#dc2626")
+    thinned = len(under) < int((finite & ~breach).sum())
+    chart = ScatterChart(
+        id="critical_ttft",
+        title=f"TTFT of each {who} request over time",
+        x_label="seconds since load start (send time)",
+        y_label="TTFT, seconds (log)",
+        points=points,
+        line=rule,
+        censored=censored,
+        censored_label="no first token (a breach)",
+        bands=[
+            Band(x0 - origin, None if x1 is None else x1 - origin, label)
+            for x0, x1, label in gated.fault_spans(run)
+        ],
+        empty=f"no {who} request was sent in this run",
+        caption=(
+            "Red: over the gate's line; triangles in the top strip: requests that never got "
+            "a first token, counted as breaches. Purple: faults, shaded until they ended."
+            + (f" Points under the line thinned to {MAX_POINTS}." if thinned else "")
+        ),
+    )
+    summary = {
+        "gate": None if gate is None else gate.gate_id,
+        "threshold_s": None if line is None else line.value,
+        "threshold_from": None
+        if gate is None
+        else ("verdict" if gate.from_verdict else "built-in gates"),
+        "n": len(values),
+        "over_line": int((finite & breach).sum()),
+        "no_first_token": int((~finite).sum()),
+        "load_start": origin,
+    }
+    return chart, summary
 
 
 def release(run: RunData) -> Figure:
@@ -105,21 +192,21 @@ def release(run: RunData) -> Figure:
         categories=labels if len(values) else [],
         groups={"requests": [float(c) for c in counts]},
         split_after=limit_bin,
-        split_label="2 s limit",
+        split_label=f"{RELEASE_LIMIT_S:g} s limit",
         empty="no cancelled request held a reservation, so there is no release latency to show",
     )
     summary = {"n": len(values), "bins": labels, "counts": [int(c) for c in counts]}
     if len(values):
         summary |= {
-            "p50": float(np.percentile(values, 50)),
-            "p99": float(np.percentile(values, 99)),
+            "p50": percentile(values, 50),
+            "p99": percentile(values, 99),
         }
     return chart, summary
 
 
 def tenant_share(run: RunData) -> Figure:
     shares = analysis.tenant_shares(run)
-    cap = float(analysis.scheduler_config(run).get("tenant_max_share", 0.15))
+    cap = float(analysis.scheduler_config(run).get("tenant_max_share", contract.TENANT_MAX_SHARE))
     chart = BarChart(
         id="tenant_share",
         title="Tenant share of the pool against the cap",
@@ -210,9 +297,10 @@ def quota_rejections(run: RunData) -> Figure:
     }
 
 
-FIGURES: tuple[Callable[[RunData], Figure], ...] = (
+FIGURES: tuple[Callable[..., Figure], ...] = (
     pool_usage,
     gpu_memory,
+    critical_ttft,
     ttft,
     release,
     tenant_share,

@@ -88,6 +88,10 @@ def test_set_rejects_malformed_assignments() -> None:
         apply_override({}, "target.policy")
     with pytest.raises(PlanError, match=r"index must be 0\.\.0"):
         apply_override({"faults": [{}]}, "faults.3.at_s=1")
+    with pytest.raises(PlanError, match="the value is not valid YAML"):
+        apply_override({}, "faults=[")
+    with pytest.raises(PlanError, match="name is not a mapping"):
+        apply_override({"name": "t"}, "name.x=1")
 
 
 def test_not_yaml_and_missing_file_are_plan_errors(tmp_path: Path) -> None:
@@ -95,6 +99,22 @@ def test_not_yaml_and_missing_file_are_plan_errors(tmp_path: Path) -> None:
         load_plan(tmp_path / "absent.yaml")
     with pytest.raises(PlanError, match="not valid YAML"):
         load_plan(write(tmp_path, "a: [1,"))
+    with pytest.raises(PlanError, match=r"cannot be read \(Is a directory\)"):
+        load_plan(tmp_path)
+    (tmp_path / "latin1.yaml").write_bytes(b"name: caf\xe9\n")
+    with pytest.raises(PlanError, match=r"not UTF-8 text \(byte 9"):
+        load_plan(tmp_path / "latin1.yaml")
+
+
+def test_files_the_plan_names_must_exist(tmp_path: Path) -> None:
+    plan = load_plan(write(tmp_path, GOOD + "gates: mine.yaml\n"), ["target.tenants=t.yaml"])
+    with pytest.raises(PlanError, match=r"gates: .*mine\.yaml is not a file"):
+        plan.check_files()
+    (tmp_path / "mine.yaml").write_text("version: 1\n")
+    with pytest.raises(PlanError, match=r"target\.tenants: .*t\.yaml is not a file"):
+        plan.check_files()
+    (tmp_path / "t.yaml").write_text("tenants: {}\n")
+    plan.check_files()
 
 
 @pytest.mark.parametrize("name", ["smoke", "ci", "soak", "capacity"])
