@@ -23,7 +23,10 @@ from gates import schema
 
 T0 = 1_767_225_600.0  # 2026-01-01T00:00:00Z
 CLASSES = np.array(contract.TRAFFIC_CLASSES)
-CLASS_WEIGHTS = np.array([0.35, 0.08, 0.08, 0.12, 0.1, 0.1, 0.07, 0.1])
+# short_qa, long_context, long_output, shared_prefix, multi_turn, cancel_storm, tenant_burst,
+# batch: enough cancellations, batch refusals and preemptions in a few thousand requests for
+# every built-in gate to have the evidence its confidence rules need.
+CLASS_WEIGHTS = np.array([0.27, 0.06, 0.06, 0.1, 0.08, 0.14, 0.07, 0.22])
 TENANTS = np.array(["acme", "globex", "initech"])
 REPLICAS = np.array(["r0", "r1"])
 POOL_BLOCKS = 212_992
@@ -149,15 +152,21 @@ def _requests(rng: np.random.Generator, n: int, line: Timeline, flavour: Flavour
     completion = (max_tokens * rng.uniform(0.2, 1.0, n)).astype(int)
     ttft = rng.lognormal(np.log(0.18 if flavour == "clean" else 0.5), 0.5, n) + prompt / 12_000
     e2e = ttft + completion * 0.015
+    # The seed policy answers everything or refuses it explicitly; the naive one also times
+    # out and fails requests.
+    failing = [0.01, 0.01] if flavour == "oom" else [0.0, 0.0]
     outcome = rng.choice(
-        np.array(["ok", "rejected", "timeout", "error"]), n, p=[0.9, 0.08, 0.01, 0.01]
+        np.array(["ok", "rejected", "timeout", "error"]), n, p=[0.92 - sum(failing), 0.08, *failing]
     ).astype(object)
+    outcome[is_batch & (rng.random(n) < 0.55)] = "rejected"  # offline work refused at times
     outcome[is_batch & (outcome == "timeout")] = "rejected"  # low priority: refused, not timed out
-    cancelled = (cls == "cancel_storm") & (rng.random(n) < 0.8)
+    cancelled = (cls == "cancel_storm") & (rng.random(n) < 0.95)
     outcome[cancelled] = "cancelled"
     rejected = outcome == "rejected"
+    # capacity refusals (503) go to batch; online work is refused by its tenant quota (429)
+    capacity = is_batch & (rng.random(n) < 0.5)
     status = np.where(
-        rejected, np.where(rng.random(n) < 0.5, 429, 503), np.where(outcome == "ok", 200, np.nan)
+        rejected, np.where(capacity, 503, 429), np.where(outcome == "ok", 200, np.nan)
     )
     status = np.where(outcome == "error", 500, status)
     done = outcome == "ok"
@@ -232,7 +241,7 @@ def _events(
     released = pd.DataFrame({**common, "t": t_release, "event": "released"})
     released = released.assign(blocks=blocks, reserved_tokens=0, used_tokens=used)
     lost = flavour == "oom"  # the naive policy loses preempted work; the seed policy finishes it
-    pre = (rng.random(n) < 0.01) & (
+    pre = (rng.random(n) < 0.15) & (
         held["outcome"].eq("ok").to_numpy() | (lost & (rng.random(n) < 0.3))
     )
     preempted = admitted[pre].assign(
@@ -355,16 +364,18 @@ def _sample_series(flavour: Flavour) -> list[tuple[str, str, str, Any]]:
 
 
 def _faults(line: Timeline) -> pd.DataFrame:
+    """Two kills, r1 then r0, each restarted after 6 s."""
+    starts = [line.fault_t, line.fault_t + 20.0]
     return pd.DataFrame(
         {
-            "fault_id": ["f1"],
-            "kind": ["kill"],
-            "target": ["r1"],
-            "pid": [4242],
-            "t_start": [line.fault_t],
-            "t_end": [line.fault_t + 6.0],
-            "params": [json.dumps({"signal": "SIGKILL"})],
-            "outcome": ["ok"],
-            "rollback": ["restarted"],
+            "fault_id": ["f1", "f2"],
+            "kind": ["kill", "kill"],
+            "target": ["r1", "r0"],
+            "pid": [4242, 4243],
+            "t_start": starts,
+            "t_end": [t + 6.0 for t in starts],
+            "params": [json.dumps({"signal": "SIGKILL"})] * 2,
+            "outcome": ["ok", "ok"],
+            "rollback": ["restarted", "restarted"],
         }
     )

@@ -10,9 +10,10 @@ from reports.bench import main
 
 
 def test_bench_reports_seconds_and_peak_rss(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["--json", "--requests", "3000", "--samples", "3000"]) == 0
+    # 5000 synthetic requests: enough for every gate's confidence rules to pass clean data
+    assert main(["--json", "--requests", "5000", "--samples", "3000"]) == 0
     result = json.loads(capsys.readouterr().out)
-    assert result["requests"] == 3000 and result["server_events"] > 3000
+    assert result["requests"] == 5000 and result["server_events"] > 5000
     assert result["seconds"] > 0 and 0 < result["peak_rss_gib"] < 4
     assert result["verdict"] == "PASS"
     assert 0 < result["html_bytes"] < 5_000_000

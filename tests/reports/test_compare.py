@@ -40,10 +40,7 @@ def test_oom_candidate_against_clean_baseline_rolls_back(
     assert decision["likely_cause"].startswith("estimation bias")
     assert 0.5 <= decision["recommended_admission_watermark"] < 0.82
     gates = {g["id"]: g for g in decision["gates"]}
-    assert (
-        gates["no_oom"]["candidate"] == "FAIL"
-        and gates["no_oom"]["baseline"] == "PASS"
-    )
+    assert gates["no_oom"]["candidate"] == "FAIL" and gates["no_oom"]["baseline"] == "PASS"
     ttft = [
         t
         for t in decision["latency"]
