@@ -162,20 +162,22 @@ def test_a_batch_job_runner_submits_its_items_in_chunks() -> None:
     assert len(records) == 5 and all(r.outcome == "ok" and r.priority == "batch" for r in records)
 
 
-def test_a_class_with_phases_sends_only_in_them(server: FakeServer) -> None:
-    """Daytime traffic: the user idles through a trough and sends once the peak opens."""
+def test_a_class_with_phases_starts_tasks_only_in_them(server: FakeServer) -> None:
+    """Daytime traffic: the user waits through a trough and starts once the peak opens."""
     shape = SimpleNamespace(phases=[{"name": "trough", "t0": 0.0, "t1": None}], finished=False)
     user, records = make_user("short_qa_critical", server.url, phases=("peak",))
     user.environment.shape_class = shape
-    worker = gevent.spawn(run_task, user)
+    waiting = gevent.spawn(user.wait_time)
     gevent.sleep(1.2)  # a few polls of the phase
-    assert not records and not server.requests
+    assert not waiting.ready()
     shape.phases = [
         {"name": "trough", "t0": 0.0, "t1": 1.0},
         {"name": "peak", "t0": 1.0, "t1": None},
     ]
-    worker.join(timeout=10)
-    assert worker.successful() and len(records) == 1 and len(server.requests) == 1
+    waiting.join(timeout=10)
+    assert waiting.successful() and waiting.value >= 0
+    run_task(user)
+    assert len(records) == 1 and len(server.requests) == 1
 
 
 def test_an_idle_phase_class_stops_when_the_shape_finishes(server: FakeServer) -> None:
@@ -183,7 +185,7 @@ def test_an_idle_phase_class_stops_when_the_shape_finishes(server: FakeServer) -
     user, records = make_user("short_qa_critical", server.url, phases=("peak",))
     user.environment.shape_class = shape
     with pytest.raises(StopUser):
-        run_task(user)
+        user.on_start()
     assert not records and not server.requests
 
 
@@ -199,6 +201,26 @@ def test_an_aligned_burst_waits_for_the_next_multiple_of_align_s(
     user, records = make_user("tenant_burst", server.url, burst_size=2, align_s=20.0)
     run_task(user)
     assert slept[0] == pytest.approx(17.0) and len(records) == 2
+
+
+def test_an_aligned_burst_is_skipped_when_its_phase_ended_before_the_tick(
+    server: FakeServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from workloads.users import traffic
+
+    shape = SimpleNamespace(phases=[{"name": "trough", "t0": 0.0, "t1": None}], finished=False)
+    user, records = make_user(
+        "tenant_burst", server.url, burst_size=2, align_s=20.0, phases=("trough",)
+    )
+    user.environment.shape_class = shape
+
+    def tick_arrives_in_a_peak(seconds: float) -> None:
+        shape.phases = [{"name": "trough", "t0": 0.0, "t1": 1.0}, {"name": "peak", "t0": 1.0}]
+        shape.phases[-1]["t1"] = None
+
+    monkeypatch.setattr(traffic.gevent, "sleep", tick_arrives_in_a_peak)
+    run_task(user)
+    assert not records and not server.requests
 
 
 def test_batch_backs_off_as_retry_after_asks(server: FakeServer) -> None:

@@ -88,9 +88,10 @@ class KvgateUser(User):
     seed: ClassVar[int] = 0
     tokenizer_path: ClassVar[str | Path | None] = DEFAULT_TOKENIZER_PATH
     gc_tuning: ClassVar[bool] = True  # see `tune_gc()`; False leaves the collector alone
-    # Load-shape phases in which this class sends (e.g. ("peak",) for daytime traffic); empty:
-    # always. Its users stay up and idle otherwise, so phase changes start and stop no users.
-    # Without a shape that records phases (a distributed worker's), a class always sends.
+    # Load-shape phases in which this class starts tasks (e.g. ("peak",) for daytime traffic);
+    # empty: always. Its users stay up and wait between tasks otherwise, so phase changes
+    # start and stop no users (a task under way finishes). Without a shape that records
+    # phases (a distributed worker's), a class always sends.
     phases: ClassVar[tuple[str, ...]] = ()
     wait_time = between(0.1, 1.0)
 
@@ -103,6 +104,8 @@ class KvgateUser(User):
                 "http://127.0.0.1:8000) or pass --host"
             )
         install_record_hook(environment)
+        if self.phases:
+            self.wait_time = self._phase_paced(self.wait_time)  # type: ignore[method-assign]
         if self.gc_tuning:
             tune_gc()
         self.client = StreamClient(base_url)
@@ -114,6 +117,19 @@ class KvgateUser(User):
         stream = worker * 1_000_003 + self.index
         self.rng = random.Random(self.seed * 1_000_003 + stream)
         self._nonces = itertools.count(stream * 1_000_000)
+
+    def on_start(self) -> None:
+        self.await_phase()
+
+    def _phase_paced(self, paced: Callable[[], float]) -> Callable[[], float]:
+        """`wait_time` that first waits for one of the class's phases (Locust sleeps what it
+        returns, and a user waiting there can be stopped at once)."""
+
+        def wait_time() -> float:
+            self.await_phase()
+            return paced()
+
+        return wait_time
 
     def on_stop(self) -> None:
         self.client.close()
@@ -158,7 +174,6 @@ class KvgateUser(User):
         keep_text: bool = False,
     ) -> StreamResult:
         """Sends one streaming chat request and emits its record; never raises for an ending."""
-        self.await_phase()
         request_id = f"kvg-{uuid.uuid4().hex}"
         headers = {**self.headers(), **(extra_headers or {}), "X-Request-Id": request_id}
         cancel_ms = self.cancel_after_ms
@@ -200,6 +215,11 @@ class KvgateUser(User):
             if getattr(shape, "finished", False) or self._state == LOCUST_STATE_STOPPING:
                 raise StopUser()
             gevent.sleep(PHASE_POLL_S)
+
+    def in_phase(self) -> bool:
+        """Whether the load shape is in one of this class's phases now (always, without)."""
+        shape = self.environment.shape_class
+        return not self.phases or not hasattr(shape, "phases") or self._in_phase(shape.phases)
 
     def _in_phase(self, phases: list[dict[str, Any]]) -> bool:
         return bool(phases) and phases[-1].get("t1") is None and phases[-1]["name"] in self.phases

@@ -183,6 +183,8 @@ class TenantBurst(KvgateUser):
     def flood(self) -> None:
         if self.align_s:
             gevent.sleep(self.align_s - time.time() % self.align_s)
+            if not self.in_phase():
+                return  # the phase ended while waiting for the tick
         self.burst(self.burst_size, self.send_prompt)
 
 
