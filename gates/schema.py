@@ -1,4 +1,4 @@
-"""The run directory's layout (DESIGN.md section 6): its files, tables, columns and their types.
+"""The run directory's layout (docs/architecture.md): its files, tables, columns and their types.
 
 The harness writes these tables, gates and reports read them. While a run is going each
 table is an append-only JSON-lines file (`<table>.jsonl`, one object per line, flushed per

@@ -1,4 +1,4 @@
-"""The run directory (DESIGN.md section 6): append-only JSON-lines writers, meta.json, compaction.
+"""The run directory (gates/schema.py): append-only JSON-lines writers, meta.json, compaction.
 
 Each table has exactly one writer per process and one file per writer role, so two
 processes never append to the same file: the Locust process owns requests and faults, the

@@ -1,4 +1,4 @@
-"""Scheduler configuration (DESIGN.md section 3 table) and tenant quotas, with their checks.
+"""Scheduler configuration (the seed defaults, server/scheduler/seed.yaml) and tenant quotas, with their checks.
 
 A config is bound to the model digest, runtime version and GPU SKU it was calibrated on; its
 canonical digest (sha256 of sorted-key JSON) names it in reports and is what a rollback

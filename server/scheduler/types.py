@@ -24,7 +24,7 @@ class Priority(enum.StrEnum):
 
     @property
     def weight(self) -> float:
-        """Seed 001's priority term: higher protects more (critical 1.0, batch 0.2)."""
+        """The value function's priority term: higher protects more (critical 1.0, batch 0.2)."""
         return _PRIORITY_WEIGHT[self]
 
 

@@ -1,5 +1,6 @@
-"""Victim selection: DESIGN.md section 3's tier order, and seed 001's value function with its
-two flaws fixed (age excludes prefill time; earlier preemptions earn protection)."""
+"""Victim selection: the tier order, then the value function V (see `value`) with the two
+flaws of its original form fixed (age excludes prefill time; earlier preemptions earn
+protection); docs/architecture.md tells why."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`kvgate bench client` end to end at a small scale: every key the issue names, sane values."""
+"""`kvgate bench client` end to end at a small scale: every key the benchmark reports, sane values."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The traffic classes the seeds name (DESIGN.md section 5), one small user class each.
+"""The traffic classes a shared KV-cache pool sees, one small user class each.
 
 Defaults use the demo tenants of `server/tenants.demo.yaml`; every attribute is a class
 attribute a plan may override. Sizes are in tokens of the reference tokenizer.

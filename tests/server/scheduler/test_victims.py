@@ -1,4 +1,4 @@
-"""Preemption: seed 001's scenario, the value function's two fixes, and the tier order."""
+"""Preemption: the 8-request scenario V was designed on, the value function's two fixes, and the tier order."""
 
 from __future__ import annotations
 
@@ -68,7 +68,7 @@ def test_seed_001_scenario_preempts_the_fresh_8gb_prefill() -> None:
     }
     plan = step(s, clock)
 
-    # Why "big": seed 001's V protects age, size and progress. Its flaw was counting prefill
+    # Why "big": V protects age, size and progress. Its flaw was counting prefill
     # time as age, which made a request that spent 3.5 s in prefill look old and safe — yet
     # that request is the one that caused the pressure. With age = decode time only, "big"
     # is the youngest decoder (age ~0 ms) and has no progress; its 8 GiB size term (2.25)
