@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from server.protocol import ApiError
 from server.scheduler import Priority, TenantQuota
@@ -25,6 +25,9 @@ class Reservation:
     replica: str
     tokens: int
     t: float
+    # The replica took the request (its response began). Until then the request is in
+    # transit — in the replica's tokenizer queue or its wait queue — and drift checks skip it.
+    acked: bool = False
 
 
 class Ledger:
@@ -76,6 +79,12 @@ class Ledger:
 
     def holds(self, request_id: str) -> bool:
         return request_id in self._entries
+
+    def ack(self, request_id: str, replica: str) -> None:
+        """The replica answered for the id's reservation (idempotent)."""
+        entry = self._entries.get(request_id)
+        if entry is not None and entry.replica == replica and not entry.acked:
+            self._entries[request_id] = replace(entry, acked=True)
 
     def release(self, request_id: str, replica: str) -> None:
         """Drop the id's reservation if it is still the one on `replica` (idempotent)."""
@@ -134,10 +143,12 @@ def drift(
 
     `before`/`after` are ledger snapshots taken around the replicas' answers `live`
     (replica -> request id -> tokens). Ids present in only one ledger snapshot were starting
-    or ending while we looked and are skipped; a stable id the replica does not hold (or holds
-    with another count, or on another replica) is drift, as is a live id the ledger never had.
+    or ending while we looked, and ids their replica has not yet answered for are still in
+    transit (a 32K-token prompt can wait seconds for the replica's tokenizer under load):
+    both are skipped. A stable, answered id the replica does not hold (or holds with another
+    count, or on another replica) is drift, as is a live id the ledger never had.
     """
-    stable = before.keys() & after.keys()
+    stable = {i for i in before.keys() & after.keys() if before[i].acked and after[i].acked}
     seen = before.keys() | after.keys()
     ledger_tokens = sum(after[i].tokens for i in stable)
     live_tokens = 0

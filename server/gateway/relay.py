@@ -190,6 +190,7 @@ class Relay:
         assert self._session is not None
         async with self._session.post(rep.url + r.path, data=r.body, headers=headers) as up:
             limit.reschedule(None)  # admitted or rejected: from here the stream sets the pace
+            self._ledger.ack(r.key, rep.id)
             watch.touch()
             if up.status != 200 or not r.stream:
                 body = await up.read()

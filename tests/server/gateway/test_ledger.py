@@ -61,6 +61,9 @@ def test_drift_ignores_requests_in_transit_but_not_leftovers() -> None:
     lg = ledger()
     lg.reserve("a", "acme", INTER, "r0", 100)
     lg.reserve("gone", "acme", INTER, "r1", 40)
+    lg.reserve("tokenizing", "acme", INTER, "r1", 30)  # its replica has not answered yet
+    for rid, rep in (("a", "r0"), ("gone", "r1")):
+        lg.ack(rid, rep)
     before = lg.snapshot()
     lg.reserve("new", "acme", INTER, "r0", 7)  # started while we looked: skipped
     after = lg.snapshot()
@@ -71,4 +74,6 @@ def test_drift_ignores_requests_in_transit_but_not_leftovers() -> None:
         "drift_tokens": 40,
     }
     live["r1"]["stray"] = 5  # a replica holds what the ledger never had
+    assert drift(before, after, live)["drift_tokens"] == 35
+    live["r1"]["tokenizing"] = 30  # queued on the replica before its answer: still skipped
     assert drift(before, after, live)["drift_tokens"] == 35
