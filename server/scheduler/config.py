@@ -1,4 +1,4 @@
-"""Scheduler configuration (the seed defaults, server/scheduler/seed.yaml) and tenant quotas, with their checks.
+"""Scheduler configuration (defaults in server/scheduler/seed.yaml) and tenant quotas, checked.
 
 A config is bound to the model digest, runtime version and GPU SKU it was calibrated on; its
 canonical digest (sha256 of sorted-key JSON) names it in reports and is what a rollback

@@ -162,7 +162,7 @@ class Sequence:
         return 0
 
     def decode_age(self, now: float) -> float:
-        """Seconds spent decoding, excluding prefill and queueing (the value function's first fix)."""
+        """Seconds spent decoding, excluding prefill and queueing (V's first fix)."""
         if self.t_decode_start is None:
             return self.decode_age_s
         return self.decode_age_s + max(0.0, now - self.t_decode_start)

@@ -223,57 +223,40 @@ def test_missing_stress_window_is_invalid(tmp_path: Path) -> None:
     assert result.status == Status.INVALID and "meta.windows.stress" in result.message
 
 
+def batch_requests(b: RunBuilder, n: int, prefix: str = "b", **fields: object) -> RunBuilder:
+    """`n` batch requests; by default refused explicitly (503 with Retry-After)."""
+    ending = {"outcome": "rejected", "http_status": 503, "retry_after_s": 1} | fields
+    for i in range(n):
+        b.request(f"{prefix}{i}", priority="batch", traffic_class="batch", **ending)
+    return b
+
+
 def test_low_priority_timeouts_fail_explicit_errors(judge: Judge) -> None:
-    b = RunBuilder()
-    for i in range(400):
-        b.request(
-            f"b{i}",
-            priority="batch",
-            traffic_class="batch",
-            outcome="rejected",
-            http_status=503,
-            retry_after_s=1,
-        )
+    b = batch_requests(RunBuilder(), 400)
     assert gate(judge(b), "low_priority_explicit_errors").status == Status.PASS
-    for i in range(5):
-        b.request(
-            f"late{i}", priority="batch", traffic_class="batch", outcome="timeout", http_status=None
-        )
+    batch_requests(b, 5, "late", outcome="timeout", http_status=None, retry_after_s=None)
     result = gate(judge(b), "low_priority_explicit_errors")
     assert result.status == Status.FAIL and result.evidence[0]["request_id"] == "late0"
 
 
 def test_batch_answered_with_500s_is_not_an_explicit_refusal(judge: Judge) -> None:
-    b = RunBuilder()
-    for i in range(400):
-        b.request(
-            f"b{i}", priority="batch", traffic_class="batch", outcome="error", http_status=500
-        )
+    b = batch_requests(RunBuilder(), 400, outcome="error", http_status=500, retry_after_s=None)
     result = gate(judge(b), "low_priority_explicit_errors")
     assert result.status == Status.FAIL and result.value == 0.0 and result.n_samples == 400
     assert any("400 error/500" in n for n in result.notes)
 
 
 def test_batch_cut_short_by_a_killed_replica_is_not_judged_as_a_refusal(judge: Judge) -> None:
-    b = RunBuilder()
-    for i in range(400):
-        b.request(
-            f"b{i}",
-            priority="batch",
-            traffic_class="batch",
-            outcome="rejected",
-            http_status=429,
-            retry_after_s=1,
-        )
-    for i in range(20):
-        b.request(
-            f"k{i}",
-            priority="batch",
-            traffic_class="batch",
-            outcome="error",
-            http_status=200,
-            error_code="replica_failed",
-        )
+    b = batch_requests(RunBuilder(), 400, http_status=429)
+    batch_requests(
+        b,
+        20,
+        "k",
+        outcome="error",
+        http_status=200,
+        error_code="replica_failed",
+        retry_after_s=None,
+    )
     result = gate(judge(b), "low_priority_explicit_errors")
     assert result.status == Status.PASS and result.n_samples == 400
     assert any("20 requests cut short" in n for n in result.notes)

@@ -1,4 +1,4 @@
-"""Preemption: the 8-request scenario V was designed on, the value function's two fixes, and the tier order."""
+"""Preemption: the 8-request scenario V was designed on, V's two fixes, the tier order."""
 
 from __future__ import annotations
 
