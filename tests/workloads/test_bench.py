@@ -1,4 +1,4 @@
-"""`kvgate bench client` end to end at a small scale: every key the benchmark reports, sane values."""
+"""`kvgate bench client` end to end at a small scale: every key it reports, sane values."""
 
 from __future__ import annotations
 
