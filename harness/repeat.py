@@ -124,8 +124,8 @@ def _margin(values: list[float], threshold: Threshold) -> float | None:
     spread = statistics.stdev(finite)
     mean = statistics.fmean(finite)
     distance = threshold.value - mean if threshold.higher_is_worse else mean - threshold.value
-    if spread == 0:
-        return math.inf if distance > 0 else -math.inf
+    if spread == 0:  # the same value every run: as far from the line as it can be, or on it
+        return math.inf if threshold.holds(mean) else -math.inf
     return distance / spread
 
 

@@ -60,6 +60,8 @@ def test_a_censored_run_has_no_finite_margin_and_counts_as_a_false_alarm() -> No
     ttft = summary["gates"]["ttft"]
     assert ttft["margin_spreads"] == "-inf" and ttft["values"] == [0.5, "inf"]
     assert summary["gates"]["no_oom"]["not_pass"] == 1
+    steady = summarise([record("PASS", 0.5), record("PASS", 0.5)])["gates"]["no_oom"]
+    assert steady["margin_spreads"] == "inf"  # count == 0 in every run: nowhere near failing
     json.dumps(summary, allow_nan=False)  # JSON-safe: no NaN/Infinity literals
     assert math.isinf(float(ttft["values"][1]))
 
