@@ -130,6 +130,16 @@ class RunBuilder:
         return path
 
 
+def preempted(completed: int, lost: int = 0) -> RunBuilder:
+    """Preempted requests: `completed` that finished ok and `lost` that ended in an error."""
+    b = RunBuilder()
+    for i in range(completed):
+        b.request(f"p{i}").event("preempted", 30, request_id=f"p{i}")
+    for i in range(lost):
+        b.request(f"lost{i}", outcome="error").event("preempted", 30, request_id=f"lost{i}")
+    return b
+
+
 def gate_file(path: Path, *gates: str) -> Path:
     """A gate file made of YAML gate entries (each a string of `- id: ...` YAML)."""
     body = "version: 1\ngates:\n" + "\n".join(gates)

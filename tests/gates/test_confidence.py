@@ -16,7 +16,7 @@ from gates.evaluator import evaluate
 from gates.rundir import load_run
 from gates.spec import GateSpecError, Threshold, load_gate_file
 from gates.verdict import Status, Verdict
-from tests.gates.builder import RunBuilder, gate_file
+from tests.gates.builder import RunBuilder, gate_file, preempted
 from tests.gates.conftest import gate
 
 Judge = Callable[[RunBuilder], Verdict]
@@ -107,15 +107,6 @@ def test_tenant_share_rebuilt_from_events_forgets_a_dead_replica(judge: Judge) -
 
 
 # -- evidence with its confidence -------------------------------------------------------------
-
-
-def preempted(completed: int, lost: int = 0) -> RunBuilder:
-    b = RunBuilder()
-    for i in range(completed):
-        b.request(f"p{i}").event("preempted", 30, request_id=f"p{i}")
-    for i in range(lost):
-        b.request(f"lost{i}", outcome="error").event("preempted", 30, request_id=f"lost{i}")
-    return b
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,7 @@ from gates.evaluator import evaluate
 from gates.rundir import load_run
 from gates.spec import load_gate_file
 from gates.verdict import Status, Verdict
-from tests.gates.builder import RunBuilder, gate_file
+from tests.gates.builder import RunBuilder, gate_file, preempted
 from tests.gates.conftest import gate
 
 Judge = Callable[[RunBuilder], Verdict]
@@ -260,15 +260,6 @@ def test_batch_cut_short_by_a_killed_replica_is_not_judged_as_a_refusal(judge: J
     result = gate(judge(b), "low_priority_explicit_errors")
     assert result.status == Status.PASS and result.n_samples == 400
     assert any("20 requests cut short" in n for n in result.notes)
-
-
-def preempted(completed: int, lost: int = 0) -> RunBuilder:
-    b = RunBuilder()
-    for i in range(completed):
-        b.request(f"p{i}").event("preempted", 30, request_id=f"p{i}")
-    for i in range(lost):
-        b.request(f"lost{i}", outcome="error").event("preempted", 30, request_id=f"lost{i}")
-    return b
 
 
 def test_preempted_requests_must_complete(judge: Judge) -> None:
