@@ -9,18 +9,11 @@ from pathlib import Path
 from gates.cli import format_verdict
 from gates.junit import write_junit
 from gates.verdict import Status, Verdict
-from tests.reports.verdicts import oom_gate, ttft_gate, verdict
+from tests.reports.verdicts import oom_gate, straddling_ttft_gate, ttft_gate, verdict
 
 
 def straddling_verdict() -> Verdict:
-    marginal = ttft_gate(
-        status=Status.MARGINAL,
-        value=0.86,
-        interval=[0.79, 0.95],
-        straddles=True,
-        needs_n=480,
-        message="p(95) = 0.86 s meets 0.9 s but its interval reaches 0.95 s",
-    )
+    marginal = straddling_ttft_gate()
     failing = oom_gate(
         id="oom_fail", status=Status.FAIL, value=2.0, interval=[0.24, 7.2], method="exact"
     )

@@ -13,7 +13,7 @@ import pytest
 from gates.verdict import Status
 from reports import write_reports
 from tests.gates.builder import RunBuilder
-from tests.reports.verdicts import TTFT_TITLE, oom_gate, ttft_gate, verdict
+from tests.reports.verdicts import TTFT_TITLE, oom_gate, straddling_ttft_gate, ttft_gate, verdict
 
 
 def critical_run(path: Path, ttfts: list[float | None], **more: Any) -> Path:
@@ -53,14 +53,7 @@ def test_a_pass_summary_still_shows_every_gate_with_its_interval(tmp_path: Path)
 
 
 def test_a_straddling_gate_is_flagged_in_the_summary_and_the_html(tmp_path: Path) -> None:
-    marginal = ttft_gate(
-        status=Status.MARGINAL,
-        value=0.86,
-        interval=[0.79, 0.95],
-        straddles=True,
-        needs_n=480,
-        message="p(95) = 0.86 s meets 0.9 s but its interval reaches 0.95 s",
-    )
+    marginal = straddling_ttft_gate()
     failing = oom_gate(status=Status.FAIL, value=2.0, evidence=[{"t": 1_000_050.0, "value": 1.0}])
     path = critical_run(tmp_path / "run", [0.3, 0.95])
     paths = write_reports(path, verdict=verdict(Status.FAIL, oom_gate(), marginal, failing))

@@ -32,6 +32,18 @@ def ttft_gate(**changes: Any) -> GateResult:
     return replace(gate, **changes)
 
 
+def straddling_ttft_gate() -> GateResult:
+    """A TTFT gate whose value meets its line while its interval reaches past it."""
+    return ttft_gate(
+        status=Status.MARGINAL,
+        value=0.86,
+        interval=[0.79, 0.95],
+        straddles=True,
+        needs_n=480,
+        message="p(95) = 0.86 s meets 0.9 s but its interval reaches 0.95 s",
+    )
+
+
 def oom_gate(**changes: Any) -> GateResult:
     gate = GateResult(
         id="no_oom",
