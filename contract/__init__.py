@@ -12,6 +12,7 @@ stage into another.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Final
 
@@ -27,6 +28,7 @@ TRAFFIC_CLASSES: Final = (
     "cancel_storm",
     "tenant_burst",
     "batch",
+    "security_probe",
 )
 # The Locust user classes a plan mixes: the traffic classes, with short Q&A split by
 # priority (both of those record `short_qa`).
@@ -40,6 +42,7 @@ USER_CLASSES: Final = (
     "cancel_storm",
     "tenant_burst",
     "batch",
+    "security_probe",
 )
 # Highest first: the order in which a scheduler serves and protects them.
 PRIORITIES: Final = ("critical", "interactive", "batch")
@@ -80,6 +83,67 @@ MODELS: Final = ("llama-3-8b", "llama-3-70b", "qwen2.5-7b")
 DEFAULT_POLICY: Final = "seed"
 DEFAULT_GPU: Final = "h100-80gb"
 DEFAULT_MODEL: Final = "llama-3-8b"
+
+# -- mutants: realistic scheduler and server bugs the reference server can carry ---------------
+# Off by default; `kvgate serve --mutant NAME` (or a plan's `target.mutant`) switches one on.
+# Each names the release gates that exist to catch it: `kvgate qualify` runs every mutant and
+# checks that one of its gates FAILs (a mutant caught only by other gates is caught by
+# accident, and the detection matrix says so).
+
+
+@dataclass(frozen=True, slots=True)
+class MutantSpec:
+    gates: tuple[str, ...]  # the gates that must catch it, the most direct first
+    summary: str  # one line: what the bug does
+
+
+MUTANTS: Final = MappingProxyType(
+    {
+        "slow_release": MutantSpec(
+            ("cancel_release_p99",), "the blocks of a cancelled request are freed 3 s late"
+        ),
+        "leak_on_cancel": MutantSpec(
+            ("cancel_release_p99", "memory_back_to_idle"),
+            "one cancellation in 20 never releases its blocks",
+        ),
+        "no_tenant_cap": MutantSpec(
+            ("tenant_share_cap",), "the hard cap on one tenant's share of the pool is not enforced"
+        ),
+        "drop_preempted": MutantSpec(
+            ("preempted_complete",), "preempted requests are aborted instead of resumed"
+        ),
+        "preempt_by_age": MutantSpec(
+            ("ttft_critical_p95", "preempted_complete"),
+            "victims are the newest running requests, whatever their priority or value",
+        ),
+        "batch_ignores_peak": MutantSpec(
+            ("batch_stops_at_peak",),
+            "batch work is admitted and prefilled whatever the pool's pressure",
+        ),
+        "queue_instead_of_refuse": MutantSpec(
+            ("low_priority_explicit_errors",),
+            "low-priority requests wait in the queue until the client gives up, instead of a "
+            "429/503 with Retry-After",
+        ),
+        "double_hold_after_failover": MutantSpec(
+            ("failover_no_double_reservation",),
+            "a request retried on another replica stays reserved on the dead one",
+        ),
+        "underestimate_kv": MutantSpec(
+            ("no_oom",),
+            "a request's KV estimate leaves out its output allowance (max_tokens), and the "
+            "scheduler counts commitments from that estimate",
+        ),
+        "trust_priority_header": MutantSpec(
+            ("priority_escalation",),
+            "the client's X-Priority is honoured beyond what its API key allows",
+        ),
+        "shared_private_prefix": MutantSpec(
+            ("private_prefix_isolation",),
+            "private prefixes are cached without the tenant in their key, so tenants share them",
+        ),
+    }
+)
 
 # The server's per-request events, plus the replica lifecycle rows the harness observes.
 SERVER_EVENT_KINDS: Final = (
@@ -127,7 +191,14 @@ REQUEST_COLUMNS: Final = (
     "retry_after_s",  # float | None
     "cancel_at",  # float | None: epoch s the client closed the connection on purpose
     "finish_reason",  # str | None
+    "asked_priority",  # str | None: the X-Priority header sent (None when none was)
+    "probe",  # str | None: a security probe's role, one of PROBE_ROLES (None: ordinary traffic)
+    "probe_group",  # str | None: links the requests of one private-prefix probe
 )
+# What a security probe request is for: asking a priority its key does not allow, or one of
+# the three requests of a private-prefix probe (tenant A warms a private prefix, tenant B
+# sends the identical prompt, and B sends one of the same shape that nothing can have cached).
+PROBE_ROLES: Final = ("escalation", "prefix_warm", "prefix_probe", "prefix_control")
 
 # -- the release limits ---------------------------------------------------------------------
 # The gate file (gates/builtin.yaml) states these as data; a test keeps the two equal.

@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from gates import metrics_requests, metrics_server
+from gates import metrics_requests, metrics_security, metrics_server
 from gates.registry import REGISTRY, MetricDef, Observations
 
-__all__ = ["REGISTRY", "MetricDef", "Observations", "metrics_requests", "metrics_server"]
+__all__ = [
+    "REGISTRY",
+    "MetricDef",
+    "Observations",
+    "metrics_requests",
+    "metrics_security",
+    "metrics_server",
+]

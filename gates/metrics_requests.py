@@ -231,7 +231,31 @@ def _release_from_histogram(run: RunData, flt: GateFilter) -> Observations:
 
 # Endings the server did not choose: the replica under the request was killed (the
 # failover gates judge that), or the load generator stopped it at the end of the load.
-CUT_SHORT = ("replica_failed", "user_stopped")
+# A broken stream is blamed on a replica's death only if one died this soon after the
+# request's last byte (the gateway waits for the exit before it answers).
+DEATH_SLACK_S = 3.0
+
+
+def cut_short(run: RunData, rows: pd.DataFrame) -> pd.Series:
+    """Requests that never had their chance: the load generator stopped them, or the
+    gateway reported their replica failed and that replica did die or freeze (an injected
+    kill or pause, an OOM, a crash) while they were in flight. A "replica failed" with no
+    such fault behind it is a server that dropped the request, judged like any failure."""
+    stopped = rows["error_code"].eq("user_stopped")
+    failed = rows["error_code"].eq("replica_failed")
+    if not failed.any():
+        return stopped
+    events = run.server_events
+    lifecycle = events[events["event"].isin(("replica_died", "oom"))]
+    faults = run.faults.rename(columns={"target": "replica", "t_start": "t"})
+    deaths = pd.concat([lifecycle[["replica", "t"]], faults[["replica", "t"]]]).dropna(subset=["t"])
+    t0 = rows["t_send"].to_numpy(dtype=float)
+    t1 = t0 + rows["e2e_s"].fillna(0.0).to_numpy(dtype=float) + DEATH_SLACK_S
+    replica = rows["replica"].astype("string").fillna("").to_numpy()
+    died = np.zeros(len(rows), dtype=bool)
+    for name, at in zip(deaths["replica"].astype(str), deaths["t"].astype(float), strict=True):
+        died |= (t0 <= at) & (at <= t1) & ((replica == name) | (replica == ""))
+    return stopped | (failed & pd.Series(died, index=rows.index))
 
 
 @metric(
@@ -250,8 +274,8 @@ def preempted_completion(run: RunData, flt: GateFilter, params: Mapping[str, Any
     # A request whose replica was killed under it, or that was still running when the load
     # stopped, never had its chance to finish: that is gate 8's business (or the run's end),
     # not evidence of starvation after preemption.
-    cut_short = rows["error_code"].isin(CUT_SHORT)
-    rows = rows[~cut_short]
+    cut = cut_short(run, rows)
+    rows = rows[~cut]
     if rows.empty:
         return Observations.none(
             "the preempted requests have no client record (or the client cancelled them, "
@@ -261,9 +285,9 @@ def preempted_completion(run: RunData, flt: GateFilter, params: Mapping[str, Any
     frame = _evidence(rows, completed, "t_send")
     frame["detail"] = frame["detail"] + " ended " + rows["outcome"].astype(str).to_numpy()
     notes = []
-    if cut_short.any():
+    if cut.any():
         notes.append(
-            f"{int(cut_short.sum())} preempted requests left out: their replica was killed "
+            f"{int(cut.sum())} preempted requests left out: their replica died "
             "or the run ended before they could finish"
         )
     unknown = len(preempted) - int(isin(run.requests["request_id"], preempted).sum())
@@ -280,15 +304,15 @@ def explicit_refusal(run: RunData, flt: GateFilter, params: Mapping[str, Any]) -
     rejections, errors (a 500 is not a refusal), timeouts, disconnects, protocol errors.
     Left out: 4xx other than 429 (the request itself was wrong: too long, a priority its key
     does not allow), which are the client's to fix, not the server's way of shedding load;
-    and requests cut short by a killed replica or the end of the load (`CUT_SHORT`).
+    and requests cut short by a replica's death or the end of the load (`cut_short`).
     """
     rows = select(run.requests, run, flt, "t_send")
     if isinstance(rows, str):
         return Observations.none(rows)
     status = rows["http_status"]
     client_fault = status.ge(400) & status.lt(500) & status.ne(429)
-    cut_short = rows["error_code"].isin(CUT_SHORT)
-    unserved = rows[~rows["outcome"].isin(("ok", "cancelled")) & ~client_fault & ~cut_short]
+    cut = cut_short(run, rows)
+    unserved = rows[~rows["outcome"].isin(("ok", "cancelled")) & ~client_fault & ~cut]
     if unserved.empty:
         return Observations.none(
             f"no {_describe(flt)} request was refused or failed; no pressure to judge"
@@ -303,9 +327,9 @@ def explicit_refusal(run: RunData, flt: GateFilter, params: Mapping[str, Any]) -
     notes = ["counted: " + ", ".join(f"{n} {k}" for k, n in counts.value_counts().items())]
     if client_fault.any():
         notes.append(f"left out: {int(client_fault.sum())} client errors (4xx other than 429)")
-    if cut_short.any():
+    if cut.any():
         notes.append(
-            f"left out: {int(cut_short.sum())} requests cut short by a killed replica "
+            f"left out: {int(cut.sum())} requests cut short by a replica's death "
             "or the end of the load"
         )
     return Observations(frame=frame, n_samples=len(unserved), notes=notes)

@@ -298,12 +298,13 @@ def _drift_after(drift: pd.DataFrame, kills: pd.DataFrame, grace_s: float) -> pd
 def batch_peak_trough(run: RunData, flt: GateFilter, params: Mapping[str, Any]) -> Observations:
     """Phases where batch admission misbehaved: admitting at peak, or starving in a trough.
 
-    A peak breaches when its batch admission rate is above `peak_ratio_max` x the troughs'
-    rate with 95% confidence (exact binomial test on the admissions of the peak against
-    those of the troughs); a peak whose counts cannot tell either way is unsure. A trough
-    starves when batch requests were waiting in it for `starve_after_s` or more — sent,
-    neither admitted nor ended before — and it admitted none. An empty queue is no
-    starvation.
+    Judged per offered request, so the load shape cannot decide it: a peak breaches when
+    the share of batch requests sent in it that were admitted before it ended is above
+    `peak_ratio_max` x the same share in the troughs, with 95% confidence (Clopper-Pearson
+    interval of the peak's share); a peak whose counts cannot tell either way, or that was
+    offered no batch work at all, is unsure. A trough starves when batch requests were
+    waiting in it for `starve_after_s` or more — sent, neither admitted nor ended before —
+    and it admitted none. An empty queue is no starvation.
     """
     spans = phases(run)
     peaks = [p for p in spans if p["name"] == "peak"]
@@ -319,34 +320,43 @@ def batch_peak_trough(run: RunData, flt: GateFilter, params: Mapping[str, Any]) 
     batch = requests[requests["priority"].eq("batch")]
     if batch_events.empty and batch.empty:
         return Observations.none("no batch traffic was sent, so the offline queue cannot be judged")
-    admitted = batch_events["t"]
+    first_admitted = batch_events.groupby("request_id", sort=False)["t"].min()
+    t_admit = batch["request_id"].map(first_admitted).to_numpy(dtype=float)
+    t_send = batch["t_send"].to_numpy(dtype=float)
 
-    def admissions(span: Mapping[str, Any]) -> tuple[int, float]:
+    def offered(span: Mapping[str, Any]) -> tuple[int, int]:
+        """(batch requests sent in the phase, those of them admitted before it ended)."""
         t0, t1 = float(span["t0"]), float(span["t1"])
-        return int(in_intervals(admitted, [(t0, t1)]).sum()), max(t1 - t0, 1e-9)
+        sent = (t_send >= t0) & (t_send < t1)
+        return int(sent.sum()), int((sent & (t_admit < t1)).sum())
 
-    trough_count = sum(admissions(p)[0] for p in troughs)
-    trough_s = sum(admissions(p)[1] for p in troughs)
+    trough_sent = sum(offered(p)[0] for p in troughs)
+    trough_admitted = sum(offered(p)[1] for p in troughs)
+    trough_share = trough_admitted / trough_sent if trough_sent else 0.0
     limit = float(params["peak_ratio_max"])
     rows, unsure = [], []
     for span in peaks:
-        count, seconds = admissions(span)
-        verdict, ratio = _peak_reading(count, seconds, trough_count, trough_s, limit)
+        sent, admitted = offered(span)
+        if sent == 0:
+            unsure.append(
+                f"peak at +{float(span['t0']) - run.t_start:.0f}s was offered no batch work, so "
+                "nothing shows the offline queue stops there (send batch at peaks too)"
+            )
+            continue
+        verdict, ratio = _peak_reading(admitted, sent, trough_share, limit)
         detail = (
-            f"peak admitted {count} batch in {seconds:.0f}s vs {trough_count} in "
-            f"{trough_s:.0f}s of troughs (ratio {ratio:.3g}, limit {limit:g}x)"
+            f"peak admitted {admitted} of {sent} batch requests sent in it vs {trough_admitted} "
+            f"of {trough_sent} in the troughs (share ratio {ratio:.3g}, limit {limit:g}x)"
         )
         if verdict == "breach":
             rows.append((ratio, float(span["t0"]), None, detail))
         elif verdict == "unsure":
-            unsure.append(detail + ": too few admissions to tell at 95%")
-    first_admitted = batch_events.groupby("request_id", sort=False)["t"].min()
-    t_admit = batch["request_id"].map(first_admitted).to_numpy(dtype=float)
-    t_send = batch["t_send"].to_numpy(dtype=float)
+            unsure.append(detail + ": too few requests to tell at 95%")
     t_end = (batch["t_send"] + batch["e2e_s"]).fillna(run.t_end).to_numpy(dtype=float)
+    t_admitted = batch_events["t"]
     for span in troughs:
         t0, t1 = float(span["t0"]), float(span["t1"])
-        count, _ = admissions(span)
+        count = int(in_intervals(t_admitted, [(t0, t1)]).sum())
         # time each request spent waiting inside the trough: from max(sent, t0) until it was
         # admitted or ended, capped at the trough's end
         left = np.fmin(np.fmin(t_end, np.where(np.isnan(t_admit), np.inf, t_admit)), t1)
@@ -362,27 +372,22 @@ def batch_peak_trough(run: RunData, flt: GateFilter, params: Mapping[str, Any]) 
     return Observations(frame=frame, n_samples=len(peaks) + len(troughs), unsure=unsure)
 
 
-def _peak_reading(
-    peak: int, peak_s: float, trough: int, trough_s: float, limit: float
-) -> tuple[str, float]:
-    """("breach" | "fine" | "unsure", observed ratio) for one peak against the troughs.
+def _peak_reading(admitted: int, sent: int, trough_share: float, limit: float) -> tuple[str, float]:
+    """("breach" | "fine" | "unsure", observed share ratio) for one peak against the troughs.
 
-    If the peak rate were exactly `limit` x the trough rate, the peak's share of all these
-    admissions would be pi0 = limit*peak_s / (limit*peak_s + trough_s); the Clopper-Pearson
-    interval of the observed share says whether it is above (breach), below (fine) or
-    undecided.
+    The peak may admit at most `limit` x the troughs' share of what it is offered; the
+    Clopper-Pearson interval of the peak's own share says whether it is above that line
+    (breach), below it (fine) or undecided. The troughs' share is taken as known: they are
+    offered far more batch work than a peak.
     """
-    total = peak + trough
-    peak_rate, trough_rate = peak / peak_s, trough / trough_s
-    ratio = peak_rate / trough_rate if trough_rate > 0 else (np.inf if peak else 0.0)
-    if total == 0:
-        return "unsure", ratio
-    pi0 = limit * peak_s / (limit * peak_s + trough_s)
+    share = admitted / sent
+    ratio = share / trough_share if trough_share > 0 else (np.inf if admitted else 0.0)
+    line = limit * trough_share
     alpha = 1 - stats.CONFIDENCE
-    lo = float(beta.ppf(alpha / 2, peak, total - peak + 1)) if peak > 0 else 0.0
-    hi = float(beta.ppf(1 - alpha / 2, peak + 1, total - peak)) if peak < total else 1.0
-    if lo > pi0:
+    lo = float(beta.ppf(alpha / 2, admitted, sent - admitted + 1)) if admitted > 0 else 0.0
+    hi = float(beta.ppf(1 - alpha / 2, admitted + 1, sent - admitted)) if admitted < sent else 1.0
+    if lo > line:
         return "breach", ratio
-    if hi < pi0:
+    if hi < line:
         return "fine", ratio
     return "unsure", ratio

@@ -99,6 +99,24 @@ def percentile_needs_n(
     return _smallest(enough, start=len(data))
 
 
+def median_difference(
+    first: Sequence[float] | np.ndarray,
+    second: Sequence[float] | np.ndarray,
+    confidence: float = CONFIDENCE,
+) -> tuple[float, float, float]:
+    """Median of the paired differences first[i] - second[i], with its interval.
+
+    The interval is the order-statistic one of the differences' median (the sign test's):
+    it assumes nothing about their distribution, only that pairs are independent.
+    """
+    a, b = np.asarray(first, dtype=float), np.asarray(second, dtype=float)
+    if a.shape != b.shape:
+        raise ValueError(f"paired samples differ in length: {a.shape} vs {b.shape}")
+    diffs = a - b
+    lo, hi = percentile_interval(diffs, 50.0, confidence)
+    return percentile(diffs, 50.0), lo, hi
+
+
 def wilson(successes: float, n: int, confidence: float = CONFIDENCE) -> tuple[float, float]:
     """Wilson score interval of a proportion (sound at 0/n and n/n, unlike the normal one)."""
     if n <= 0:

@@ -40,6 +40,7 @@ class ReferenceTarget(_Strict):
     tenants: str | None = None  # path to a tenants YAML, relative to the plan
     time_scale: float | None = Field(None, gt=0)
     kv_actual_factor: float | None = Field(None, gt=0)
+    mutant: Literal[tuple(contract.MUTANTS)] | None = None  # a named bug, for `kvgate qualify`
     extra_args: list[str] = Field(default_factory=list)  # passed to `server.serve` verbatim
     startup_timeout_s: float = Field(60.0, gt=0, le=600)
     admin_key: str = "kvg-admin-key"

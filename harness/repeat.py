@@ -96,10 +96,10 @@ def summarise(records: list[dict[str, Any]]) -> dict[str, Any]:
             "threshold": seen[0]["threshold"],
             "statuses": dict(statuses),
             "not_pass": len(seen) - statuses.get("PASS", 0),
-            "values": [_json_number(v) for v in values],
+            "values": [json_number(v) for v in values],
             "n": [g["n"] for g in seen],
             "intervals": [g["interval"] for g in seen],
-            "margin_spreads": _json_number(_margin(values, threshold)),
+            "margin_spreads": json_number(_margin(values, threshold)),
         }
     return {
         "runs": len(records),
@@ -109,7 +109,7 @@ def summarise(records: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def _json_number(value: float | None) -> float | str | None:
+def json_number(value: float | None) -> float | str | None:
     """JSON has no infinity: +-inf are written as verdict.json writes them, "inf"/"-inf"."""
     if value is not None and math.isinf(value):
         return "inf" if value > 0 else "-inf"
@@ -136,10 +136,20 @@ def markdown(summary: dict[str, Any], plan: str, overrides: Sequence[str]) -> st
         "",
         f"{summary['runs']} runs: {counts}",
         "",
+        *gate_table(summary["gates"]),
+        "",
+        *run_table(summary["records"]),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def gate_table(gates: dict[str, Any]) -> list[str]:
+    """Markdown rows: each gate's statuses, values and margin across the runs (summarise's)."""
+    lines = [
         "| gate | key | statuses | values (min / median / max) | n (min-max) | margin (spreads) |",
         "|---|---|---|---|---|---|",
     ]
-    for gate_id, g in summary["gates"].items():
+    for gate_id, g in gates.items():
         statuses = ", ".join(f"{k} {v}" for k, v in sorted(g["statuses"].items()))
         values = [float(v) for v in g["values"]]
         shown = (
@@ -153,18 +163,32 @@ def markdown(summary: dict[str, Any], plan: str, overrides: Sequence[str]) -> st
             f"| {gate_id} | {'yes' if g['key'] else ''} | {statuses} | {shown} | "
             f"{min(g['n'])}-{max(g['n'])} | {margin_text} |"
         )
-    lines += [
-        "",
+    return lines
+
+
+def run_table(records: Sequence[dict[str, Any]]) -> list[str]:
+    """Markdown rows: one per run (run_once's records), with its verdict, exit code and lag."""
+    lines = [
         "| run | verdict | exit | wall s | sim lag p99 ms | problems |",
         "|---|---|---|---|---|---|",
     ]
-    for r in summary["records"]:
-        problems = "; ".join(r.get("problems") or [])
+    for r in records:
+        problems = "; ".join(r.get("problems") or []).replace("|", "\\|").replace("\n", " ")
         lines.append(
             f"| {Path(r['run_dir']).name} | {r['status']} | {r['exit_code']} | {r['wall_s']} | "
             f"{r.get('sim_lag_ms_p99')} | {problems} |"
         )
-    return "\n".join(lines) + "\n"
+    return lines
+
+
+def describe(record: dict[str, Any]) -> str:
+    """`PASS (exit 0, 212.3 s)`: how one run ended, for the progress lines."""
+    return f"{record['status']} (exit {record['exit_code']}, {record['wall_s']} s)"
+
+
+def default_out(prefix: str) -> Path:
+    """runs/PREFIX-YYYYmmdd-HHMMSS: where a series of runs goes unless --out says otherwise."""
+    return Path("runs") / f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -178,7 +202,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not Path(args.plan).is_file():
         print(f"kvgate bench verdicts: no such plan file: {args.plan}", file=sys.stderr)
         return EXIT_USAGE
-    out = args.out or Path("runs") / f"verdicts-{time.strftime('%Y%m%d-%H%M%S')}"
+    out = args.out or default_out("verdicts")
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -188,11 +212,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for i in range(args.runs):
         record = run_once(args.plan, args.overrides, out / f"run{i + 1:02d}")
         records.append(record)
-        print(
-            f"run {i + 1}/{args.runs}: {record['status']} (exit {record['exit_code']}, "
-            f"{record['wall_s']} s)",
-            flush=True,
-        )
+        print(f"run {i + 1}/{args.runs}: {describe(record)}", flush=True)
     summary = summarise(records)
     (out / "verdicts.json").write_text(json.dumps(summary, indent=2) + "\n")
     (out / "verdicts.md").write_text(markdown(summary, args.plan, args.overrides))

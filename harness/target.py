@@ -101,6 +101,8 @@ class ReferenceDeployment:
             cmd += ["--time-scale", str(spec.time_scale)]
         if spec.kv_actual_factor is not None:
             cmd += ["--kv-actual-factor", str(spec.kv_actual_factor)]
+        if spec.mutant is not None:
+            cmd += ["--mutant", spec.mutant]
         return cmd + list(spec.extra_args)
 
     def start(self) -> RunningTarget:
@@ -215,6 +217,7 @@ def describe_reference(
         "gpu_sku": _first(debug.get("gpu_sku"), model.get("gpu_sku"), spec.gpu),
         "scheduler_config_digest": config_digest,
         "policy": _first(debug.get("policy"), spec.policy),
+        "mutant": _first(debug.get("mutant"), spec.mutant),
         "replicas": [{"id": r.get("id"), "url": r.get("url")} for r in running.replicas],
         "config": config,
         "server_info": info,
@@ -267,6 +270,7 @@ class ExternalDeployment:
             "gpu_sku": None,  # filled from NVML by the orchestrator when it sees a GPU
             "scheduler_config_digest": None,
             "policy": None,
+            "mutant": None,
             "replicas": [],
             "config": {},
             "server_info": info,

@@ -10,12 +10,14 @@ import inspect
 import json
 import sys
 from collections import Counter
+from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from gates import schema
 from gates.evaluator import evaluate_run
+from gates.metrics_security import side_channel
 from gates.rundir import RunData, load_run
 from gates.verdict import Status, Verdict, _clean
 from reports.charts import Rendered, env, render
@@ -69,6 +71,7 @@ def write_reports(
         "json": run_dir / schema.REPORT_JSON,
     }
     context = _context(data, judged, rendered)
+    timing = context["side_channel"]
     paths["html"].write_text(env().get_template("report.html.j2").render(**context))
     paths["markdown"].write_text(
         env().get_template("summary.md.j2").render(**context, report_path=paths["html"])
@@ -78,6 +81,8 @@ def write_reports(
         "run": _run_facts(data),
         "charts": {c.id: {"title": c.title, "empty": c.empty} for c in rendered},
         "data": numbers,
+        # Informational, not a gate: TTFT of a cross-tenant prefix probe minus its control.
+        "side_channel": None if timing is None else asdict(timing),
     }
     paths["json"].write_text(json.dumps(_clean(report), indent=1) + "\n")
     return paths
@@ -96,7 +101,15 @@ def _run_facts(run: RunData) -> dict[str, Any]:
         "faults": len(run.faults),
         "target": {
             k: target.get(k)
-            for k in ("url", "kind", "model", "policy", "gpu_sku", "scheduler_config_digest")
+            for k in (
+                "url",
+                "kind",
+                "model",
+                "policy",
+                "mutant",
+                "gpu_sku",
+                "scheduler_config_digest",
+            )
         },
         "harness_version": run.meta.get("harness_version"),
         "sources": run.sources,
@@ -154,4 +167,5 @@ def _context(run: RunData, verdict: Verdict, charts: list[Rendered]) -> dict[str
         "facts": _run_facts(run),
         "when": lambda t: _when(t, run),
         "generated": datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC"),
+        "side_channel": side_channel(run),
     }

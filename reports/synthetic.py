@@ -22,11 +22,16 @@ import contract
 from gates import schema
 
 T0 = 1_767_225_600.0  # 2026-01-01T00:00:00Z
-CLASSES = np.array(contract.TRAFFIC_CLASSES)
+# Security probes come in linked groups, so they are written as rows of their own (`_probes`).
+CLASSES = np.array([c for c in contract.TRAFFIC_CLASSES if c != "security_probe"])
 # short_qa, long_context, long_output, shared_prefix, multi_turn, cancel_storm, tenant_burst,
 # batch: enough cancellations, batch refusals and preemptions in a few thousand requests for
 # every built-in gate to have the evidence its confidence rules need.
 CLASS_WEIGHTS = np.array([0.27, 0.06, 0.06, 0.1, 0.08, 0.14, 0.07, 0.22])
+# Security probes: more than the security gates' min_samples (30 probes, 20 groups).
+ESCALATION_PROBES = 40
+PREFIX_GROUPS = 30
+PREFIX_TOKENS = 1536
 TENANTS = np.array(["acme", "globex", "initech"])
 REPLICAS = np.array(["r0", "r1"])
 POOL_BLOCKS = 212_992
@@ -56,6 +61,13 @@ class Timeline:
             for i, n in enumerate(names)
         ]
 
+    def in_phase(self, t: np.ndarray, name: str) -> np.ndarray:
+        inside = np.zeros(len(t), dtype=bool)
+        for p in self.phases():
+            if p["name"] == name:
+                inside |= (t >= p["t0"]) & (t < p["t1"])
+        return inside
+
     def meta_windows(self) -> dict[str, list[float]]:
         a, b = self.stress
         return {"stress": [a, b], "idle_before": [T0, a], "after_load": [b, T0 + self.duration]}
@@ -73,7 +85,11 @@ def make_run(
     """Write a complete synthetic run directory into `out` (created) and return it."""
     rng = np.random.default_rng(seed)
     line = Timeline(duration=max(120.0, n_requests / 1500.0))
-    requests = _requests(rng, n_requests, line, flavour)
+    probes = _probes(rng, line)
+    requests = pd.concat(
+        [_requests(rng, max(n_requests - len(probes), 0), line, flavour), probes],
+        ignore_index=True,
+    )
     tables = {
         schema.REQUESTS: requests,
         schema.SERVER_EVENTS: _events(rng, requests, line, flavour),
@@ -131,12 +147,24 @@ def _meta(line: Timeline, flavour: Flavour, seed: int) -> dict[str, Any]:
 def _send_times(
     rng: np.random.Generator, n: int, line: Timeline, is_batch: np.ndarray
 ) -> np.ndarray:
-    """Uniform over the stress window; batch traffic arrives in troughs (the offline queue
-    is fed when interactive load is low)."""
-    troughs = [p for p in line.phases() if p["name"] == "trough"]
+    """Uniform over the stress window; batch traffic arrives mostly in troughs (the offline
+    queue is fed when interactive load is low), a fifth of it at peaks."""
+    spans = line.phases()
+    troughs = [p for p in spans if p["name"] == "trough"]
+    peaks = [p for p in spans if p["name"] == "peak"]
     pick = rng.integers(0, len(troughs), n)
-    lo = np.array([p["t0"] for p in troughs])[pick]
-    hi = np.array([p["t1"] for p in troughs])[pick]
+    at_peak = rng.random(n) < 0.2
+    pick_peak = rng.integers(0, len(peaks), n)
+    lo = np.where(
+        at_peak,
+        np.array([p["t0"] for p in peaks])[pick_peak],
+        np.array([p["t0"] for p in troughs])[pick],
+    )
+    hi = np.where(
+        at_peak,
+        np.array([p["t1"] for p in peaks])[pick_peak],
+        np.array([p["t1"] for p in troughs])[pick],
+    )
     return np.where(is_batch, rng.uniform(lo, hi), np.sort(rng.uniform(*line.stress, n)))
 
 
@@ -160,11 +188,13 @@ def _requests(rng: np.random.Generator, n: int, line: Timeline, flavour: Flavour
     ).astype(object)
     outcome[is_batch & (rng.random(n) < 0.55)] = "rejected"  # offline work refused at times
     outcome[is_batch & (outcome == "timeout")] = "rejected"  # low priority: refused, not timed out
+    at_peak = is_batch & line.in_phase(t_send, "peak")
+    outcome[at_peak] = "rejected"  # the offline queue waits out the peak: refused, 503
     cancelled = (cls == "cancel_storm") & (rng.random(n) < 0.95)
     outcome[cancelled] = "cancelled"
     rejected = outcome == "rejected"
     # capacity refusals (503) go to batch; online work is refused by its tenant quota (429)
-    capacity = is_batch & (rng.random(n) < 0.5)
+    capacity = is_batch & ((rng.random(n) < 0.5) | at_peak)
     status = np.where(
         rejected, np.where(capacity, 503, 429), np.where(outcome == "ok", 200, np.nan)
     )
@@ -203,6 +233,66 @@ def _requests(rng: np.random.Generator, n: int, line: Timeline, flavour: Flavour
             "finish_reason": pd.Series("length", index=range(n)).where(done),
         }
     )
+
+
+def _probes(rng: np.random.Generator, line: Timeline) -> pd.DataFrame:
+    """The security_probe class on a server that keeps both rules (either flavour: neither
+    policy changes how keys are checked or prefixes keyed): escalations refused with 403,
+    and private-prefix groups whose probe hits nothing and is as fast as its control."""
+    t_escalate = np.sort(rng.uniform(*line.stress, ESCALATION_PROBES))
+    rows: list[dict[str, Any]] = [
+        {
+            "request_id": f"probe-esc-{i:04d}",
+            "tenant": "nightly",
+            "priority": "critical",
+            "asked_priority": "critical",
+            "probe": "escalation",
+            "t_send": t,
+            "e2e_s": 0.002,
+            "outcome": "rejected",
+            "http_status": 403,
+            "error_code": "priority_not_allowed",
+            "target_prompt_tokens": 32,
+        }
+        for i, t in enumerate(t_escalate)
+    ]
+    starts = np.sort(rng.uniform(*line.stress, PREFIX_GROUPS))
+    for g, t in enumerate(starts):
+        replica = str(REPLICAS[g % len(REPLICAS)])
+        for k, (role, tenant) in enumerate(
+            (("prefix_warm", "acme"), ("prefix_probe", "globex"), ("prefix_control", "globex"))
+        ):
+            ttft = float(rng.lognormal(np.log(0.25), 0.2))
+            rows.append(
+                {
+                    "request_id": f"probe-{role}-{g:04d}",
+                    "tenant": tenant,
+                    "priority": "interactive",
+                    "asked_priority": "interactive",
+                    "probe": role,
+                    "probe_group": f"pg-{g:04d}",
+                    "replica": replica,
+                    "t_send": t + k,
+                    "ttft_s": ttft,
+                    "e2e_s": ttft + 0.1,
+                    "chunks": 8,
+                    "prompt_tokens": PREFIX_TOKENS + 42,
+                    "completion_tokens": 8,
+                    "cached_tokens": 0,
+                    "target_prompt_tokens": PREFIX_TOKENS + 32,
+                    "max_tokens": 8,
+                    "outcome": "ok",
+                    "http_status": 200,
+                    "finish_reason": "length",
+                }
+            )
+    frame = pd.DataFrame(rows).reindex(columns=list(schema.REQUEST_COLUMNS))
+    frame["traffic_class"] = "security_probe"
+    frame["api_key_name"] = frame["tenant"]
+    frame["worker"] = "w0"
+    frame["chunks"] = frame["chunks"].fillna(0)
+    frame["max_tokens"] = frame["max_tokens"].fillna(8)
+    return frame
 
 
 def _events(

@@ -49,6 +49,12 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
         help="actual KV bytes per token as a multiple of the scheduler's estimate "
         "(profile x overhead_factor x safety_factor); >1 models estimation bias",
     )
+    parser.add_argument(
+        "--mutant",
+        choices=tuple(contract.MUTANTS),
+        help="carry one named bug, to prove the release gates catch it (off by default; "
+        "see contract.MUTANTS)",
+    )
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
     parser.add_argument("--state-dir", type=Path, help="event logs and ready files go here")
     parser.add_argument("--ready-file", type=Path, help="JSON written once listening")
@@ -103,6 +109,7 @@ ENGINE_FLAGS = (
     ("tokenizer", "--tokenizer"),
     ("time_scale", "--time-scale"),
     ("kv_actual_factor", "--kv-actual-factor"),
+    ("mutant", "--mutant"),
     ("host", "--host"),
 )
 
@@ -151,6 +158,7 @@ def target_info(args: argparse.Namespace, config: SchedulerConfig) -> dict[str, 
         "config": config.model_dump(mode="json"),
         "time_scale": args.time_scale,
         "kv_actual_factor": args.kv_actual_factor,
+        "mutant": args.mutant,
     }
 
 

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from server.headers import same_secret
 from server.protocol import ApiError
 from server.scheduler import ConfigError, Priority, TenantQuota
+from server.scheduler.mutants import Mutant
 
 DEFAULT_TENANTS_PATH = Path(__file__).with_name("tenants.demo.yaml")
 
@@ -49,10 +50,12 @@ class TenantBook:
         keys: dict[str, tuple[str, tuple[Priority, ...]]],
         admin_keys: frozenset[str],
         quotas: dict[str, TenantQuota],
+        mutant: Mutant | None = None,
     ) -> None:
         self._keys = keys
         self._admin_keys = admin_keys
         self.quotas = quotas
+        self.mutant = mutant  # a named bug carried on purpose (None: the correct server)
 
     def authenticate(self, authorization: str | None, asked: str | None) -> Identity:
         """The identity for a bearer key and an optional X-Priority; ApiError 401/403 otherwise."""
@@ -77,7 +80,8 @@ class TenantBook:
                 "invalid_request",
                 f"X-Priority '{asked}' is not a priority class; use critical, interactive or batch",
             ) from None
-        if priority not in allowed:
+        trusts_header = self.mutant is Mutant.TRUST_PRIORITY_HEADER
+        if priority not in allowed and not trusts_header:
             names = ", ".join(p.value for p in allowed)
             raise ApiError(
                 403,
@@ -120,7 +124,9 @@ def _bearer(authorization: str | None) -> str:
     return value.strip() if scheme.lower() == "bearer" else ""
 
 
-def load_tenants(path: str | Path = DEFAULT_TENANTS_PATH) -> TenantBook:
+def load_tenants(
+    path: str | Path = DEFAULT_TENANTS_PATH, mutant: Mutant | None = None
+) -> TenantBook:
     """Parse and check a tenants YAML; ConfigError names the YAML path of each problem."""
     p = Path(path)
     try:
@@ -147,4 +153,4 @@ def load_tenants(path: str | Path = DEFAULT_TENANTS_PATH) -> TenantBook:
             if key in keys or key in doc.admin_keys:
                 raise ConfigError(f"tenants file {p}: key {key!r} is listed twice; keys are unique")
             keys[key] = (name, tuple(entry.priorities))
-    return TenantBook(keys, frozenset(doc.admin_keys), quotas)
+    return TenantBook(keys, frozenset(doc.admin_keys), quotas, mutant)

@@ -118,3 +118,10 @@ def test_the_plan_offers_exactly_the_contracts_choices() -> None:
     assert _literal_values(TrafficClass.model_fields["base"].annotation) == set(
         contract.USER_CLASSES
     )
+
+
+def test_the_security_probes_roles_are_the_contracts() -> None:
+    from gates import metrics_security
+
+    assert (metrics_security.ESCALATION, *metrics_security.ROLES) == contract.PROBE_ROLES
+    assert {"asked_priority", "probe", "probe_group"} <= set(contract.REQUEST_COLUMNS)

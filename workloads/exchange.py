@@ -72,6 +72,8 @@ class Exchange:
         self.deadline = t0 + request.timeout_s
         cancel_s = request.cancel_after_s
         self.cancel_t = t0 + cancel_s if cancel_s is not None else float("inf")
+        head_s = request.head_timeout_s
+        self.head_timer = gevent.Timeout(head_s) if head_s is not None else None
         self.conn: Connection | None = None
         self.reused = False
         self.last_t = 0.0
@@ -83,9 +85,12 @@ class Exchange:
         try:
             self._exchange()
         except gevent.Timeout as fired:
-            if fired is not timer:
+            if fired is self.head_timer:
+                self._end("timeout", "head_timeout", self._head_timeout_message())
+            elif fired is timer:
+                self._on_timer()
+            else:
                 raise
-            self._on_timer()
         except End as end:
             self._end(end.outcome, end.code, end.message)
         except ProtocolError as exc:
@@ -100,12 +105,18 @@ class Exchange:
             raise
         finally:
             timer.close()
+            if self.head_timer is not None:
+                self.head_timer.close()
 
     # -- phases -------------------------------------------------------------------------
 
     def _exchange(self) -> None:
+        if self.head_timer is not None:
+            self.head_timer.start()
         self._connect_and_send()
         head, rest, t_arr = self._read_head()
+        if self.head_timer is not None:
+            self.head_timer.close()
         self._on_head(head)
         decoder = body_decoder(head)
         if head.status != 200:
@@ -322,6 +333,9 @@ class Exchange:
             self._end(self._cancel().outcome)
             return
         self._end("timeout", "client_timeout", f"no ending within {self.request.timeout_s:g} s")
+
+    def _head_timeout_message(self) -> str:
+        return f"no response head within {self.request.head_timeout_s:g} s (head_timeout_s)"
 
     def _end(self, outcome: str, code: str | None = None, message: str | None = None) -> None:
         result = self.result

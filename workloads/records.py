@@ -54,6 +54,9 @@ class RequestRecord:
     retry_after_s: float | None
     cancel_at: float | None
     finish_reason: str | None
+    asked_priority: str | None = None
+    probe: str | None = None
+    probe_group: str | None = None
 
 
 @dataclass(slots=True, frozen=True)
@@ -67,6 +70,9 @@ class RequestMeta:
     target_prompt_tokens: int
     max_tokens: int | None
     label: str  # Locust request-event name suffix: `ttft:<label>`, `e2e:<label>`
+    asked_priority: str | None = None  # the X-Priority header sent
+    probe: str | None = None  # a security probe's role (contract.PROBE_ROLES)
+    probe_group: str | None = None
 
 
 def build_record(meta: RequestMeta, result: StreamResult) -> RequestRecord:
@@ -100,6 +106,9 @@ def build_record(meta: RequestMeta, result: StreamResult) -> RequestRecord:
         retry_after_s=result.retry_after_s,
         cancel_at=result.cancel_at,
         finish_reason=result.finish_reason,
+        asked_priority=meta.asked_priority,
+        probe=meta.probe,
+        probe_group=meta.probe_group,
     )
 
 

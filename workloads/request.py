@@ -14,6 +14,9 @@ class StreamRequest:
     headers: dict[str, str]
     timeout_s: float = 60.0
     connect_timeout_s: float = 5.0
+    # Give up when no response head has arrived this long after sending (None: only
+    # timeout_s bounds it): a client that will not wait in a server's queue indefinitely.
+    head_timeout_s: float | None = None
     cancel_after_chunks: int | None = None
     cancel_after_s: float | None = None
     keep_text: bool = False

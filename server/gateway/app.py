@@ -22,6 +22,7 @@ from server.metrics import CONTENT_TYPE, GatewayMetrics
 from server.options import engine_argv, load_config, target_info
 from server.promptwork import ContextLimit, PromptTokenizer
 from server.protocol import ApiError, model_not_found
+from server.scheduler.mutants import parse_mutant
 from server.tenants import Identity, load_tenants
 from server.tokenizer import TextTokenizer
 
@@ -33,7 +34,8 @@ class Gateway:
         self.config = load_config(args)
         self.info = {**target_info(args, self.config), "replicas": args.replicas}
         self.model_name = self.config.model
-        self.tenants = load_tenants(args.tenants)
+        self.mutant = parse_mutant(args.mutant)
+        self.tenants = load_tenants(args.tenants, self.mutant)
         self.tokenizer = TextTokenizer(args.tokenizer)
         self.prompts = PromptTokenizer(self.tokenizer)
         self.state_dir = state_dir
@@ -58,6 +60,7 @@ class Gateway:
             internal_token,
             self.ledger.quota_headers,
             self.config.queue_deadline_ms / 1000,
+            self.mutant,
         )
         self.admin = Admin(self.tenants, self.ledger, self.supervisor, self.metrics, internal_token)
 

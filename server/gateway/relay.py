@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -22,7 +23,8 @@ from server.gateway.supervisor import ReplicaProc, Supervisor
 from server.gateway.watchdog import HealthProbe, Watchdog
 from server.metrics import GatewayMetrics
 from server.protocol import ApiError
-from server.replica.app import INTERNAL_TOKEN_HEADER
+from server.replica.app import INTERNAL_TOKEN_HEADER, QUEUE_DEADLINE_HEADER
+from server.scheduler.mutants import Mutant
 from server.tenants import Identity
 
 DEATH_CONFIRM_S = 1.5  # after a broken upstream, how long to wait for the process to exit
@@ -74,14 +76,16 @@ class Relay:
         internal_token: str,
         quota_headers: Callable[[str], dict[str, str]],
         queue_deadline_s: float,
+        mutant: Mutant | None = None,
     ) -> None:
+        self._mutant = mutant
         self._ledger = ledger
         self._router = router
         self._supervisor = supervisor
         self._metrics = metrics
         self._token = internal_token
         self._quota_headers = quota_headers
-        self._headers_timeout_s = queue_deadline_s + HEADERS_SLACK_S
+        self._queue_deadline_s = queue_deadline_s
         self._session: aiohttp.ClientSession | None = None
         self._probe: HealthProbe | None = None
 
@@ -99,11 +103,23 @@ class Relay:
 
     async def handle(self, request: web.Request, r: Routed) -> web.StreamResponse:
         tried: set[str] = set()
+        # The queue deadline belongs to the request, not to one replica: a retry after a
+        # replica died gets what is left of it, so the client hears within the deadline.
+        expires = time.monotonic() + self._queue_deadline_s
         while True:
+            left_s = expires - time.monotonic()
+            if tried and left_s <= 0:
+                raise ApiError(
+                    503,
+                    "deadline_expired",
+                    "the replica serving this request died and its queue deadline passed "
+                    "before another could start it; retry",
+                    retry_after_s=1,
+                )
             rep = self._pick(r, tried)
             self._ledger.reserve(r.key, r.identity.tenant, r.identity.priority, rep.id, r.tokens)
             try:
-                return await self._forward(request, r, rep)
+                return await self._forward(request, r, rep, max(left_s, 0.001))
             except _UpstreamBroke as exc:
                 if not await self._may_retry(r, rep, tried):
                     raise ApiError(
@@ -142,10 +158,16 @@ class Relay:
             return False
         tried.add(rep.id)
         self._ledger.release(r.key, rep.id)
+        if self._mutant is Mutant.DOUBLE_HOLD_AFTER_FAILOVER:
+            # The bug: the dead replica's reservation is carried along instead of dropped, so
+            # the retried request is held on both replicas until the gateway restarts.
+            stale = f"{r.key}@{rep.id}"
+            self._ledger.reserve(stale, r.identity.tenant, r.identity.priority, rep.id, r.tokens)
+            self._ledger.ack(stale, rep.id)
         return bool([p for p in self._supervisor.running() if p.id not in tried])
 
     async def _forward(
-        self, request: web.Request, r: Routed, rep: ReplicaProc
+        self, request: web.Request, r: Routed, rep: ReplicaProc, deadline_s: float
     ) -> web.StreamResponse:
         assert self._session is not None and self._probe is not None
         headers = {
@@ -153,12 +175,16 @@ class Relay:
             INTERNAL_TOKEN_HEADER: self._token,
             "X-Kvgate-Tenant": r.identity.tenant,
             "X-Kvgate-Priority": r.identity.priority.value,
+            QUEUE_DEADLINE_HEADER: str(max(1, round(deadline_s * 1000))),
             "X-Request-Id": r.request_id,
             "Content-Type": "application/json",
         }
+        headers_timeout_s = deadline_s + HEADERS_SLACK_S
         # A stream's headers come at admission; a non-streaming answer's only at its end.
-        limit = asyncio.timeout(self._headers_timeout_s if r.stream else None)
-        watch = Watchdog(self._probe, rep.url + "/health", self._headers_timeout_s)
+        limit = asyncio.timeout(headers_timeout_s if r.stream else None)
+        if self._mutant is Mutant.QUEUE_INSTEAD_OF_REFUSE and r.replayable:
+            limit = asyncio.timeout(None)  # the bug: low-priority work may wait forever
+        watch = Watchdog(self._probe, rep.url + "/health", headers_timeout_s)
         try:
             with watch:
                 async with limit:
@@ -175,7 +201,7 @@ class Relay:
             if watch.fired:
                 raise _UpstreamSilent("went silent and does not answer its health check") from None
             raise _UpstreamSilent(
-                f"sent no response within {self._headers_timeout_s:g} s (queue deadline plus slack)"
+                f"sent no response within {headers_timeout_s:.3g} s (queue deadline plus slack)"
             ) from None
 
     async def _exchange(

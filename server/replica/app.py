@@ -34,6 +34,9 @@ from server.scheduler import Outcome, PrefixSpec, Priority, SeqRequest
 from server.tenants import Identity
 
 INTERNAL_TOKEN_HEADER = "X-Kvgate-Internal-Token"
+# What is left of the request's queue deadline, in ms; sent only by the gateway (which may
+# have spent part of it on a replica that died) and read only with its internal token.
+QUEUE_DEADLINE_HEADER = "X-Kvgate-Queue-Deadline-Ms"
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 
 
@@ -44,6 +47,7 @@ class _Prepared:
     parsed: ParsedRequest
     tokens: list[int]
     prefix: PrefixSpec | None
+    deadline_ms: int | None  # the gateway's remaining queue deadline (None: the config's)
 
 
 class ReplicaHandlers:
@@ -99,7 +103,16 @@ class ReplicaHandlers:
             raise model_not_found(parsed.model, self.rt.model_name)
         tokens = await self._tokens(parsed, identity.tenant)
         prefix = self._prefix(hdrs, len(tokens), kind)
-        return _Prepared(identity, hdrs, parsed, tokens, prefix)
+        return _Prepared(identity, hdrs, parsed, tokens, prefix, self._deadline_ms(request))
+
+    def _deadline_ms(self, request: web.Request) -> int | None:
+        """The gateway's remaining deadline, within (0, the configured one]; else None."""
+        if request.headers.get(INTERNAL_TOKEN_HEADER) is None:
+            return None
+        raw = request.headers.get(QUEUE_DEADLINE_HEADER, "")
+        if not raw.isascii() or not raw.isdigit() or len(raw) > 9:
+            return None
+        return max(1, min(int(raw), self.rt.config.queue_deadline_ms))
 
     def _new_stream(self, prep: _Prepared) -> Stream:
         spec = StreamSpec(
@@ -129,6 +142,7 @@ class ReplicaHandlers:
             max_new_tokens=prep.parsed.max_tokens,
             prefix=prep.prefix,
             replayable=prep.identity.priority is Priority.BATCH,
+            deadline_ms=prep.deadline_ms,
         )
         adm = self.loop.submit(stream, req)
         if adm.outcome is Outcome.REJECT:

@@ -20,7 +20,8 @@ from server.engine.sim import CostModel, CudaOutOfMemory, StepWork, VirtualGpu
 from server.protocol import ApiError
 from server.replica.events import EventLog
 from server.replica.streams import Stream
-from server.scheduler import Admission, Scheduler, SeqRequest, SeqState, StepPlan
+from server.scheduler import Admission, PoolExhausted, Scheduler, SeqRequest, SeqState, StepPlan
+from server.scheduler.mutants import SLOW_RELEASE_S, Mutant
 
 IDLE_WORK = StepWork(prefill_tokens=0, decode_seqs=0, decode_context_tokens=0, sampled_seqs=0)
 
@@ -114,9 +115,16 @@ class StepLoop:
             return
         t0 = time.perf_counter()
         stream.abort()
-        self.scheduler.cancel(stream.spec.request_id, reason)
-        self._log_events()
+        if self.scheduler.mutant is Mutant.SLOW_RELEASE:  # the bug: the abort is acted on late
+            rid = stream.spec.request_id
+            asyncio.get_running_loop().call_later(SLOW_RELEASE_S, self._release, rid, reason)
+            return
+        self._release(stream.spec.request_id, reason)
         self._on_release(time.perf_counter() - t0)
+
+    def _release(self, request_id: str, reason: str) -> None:
+        self.scheduler.cancel(request_id, reason)
+        self._log_events()
 
     def _drop(self, rid: str) -> Stream | None:
         stream = self.streams.pop(rid, None)
@@ -158,6 +166,12 @@ class StepLoop:
                 await self._task
 
     async def _run(self) -> None:
+        try:
+            await self._steps()
+        except PoolExhausted as exc:
+            self._die_oom(exc)
+
+    async def _steps(self) -> None:
         next_sweep = time.monotonic() + SWEEP_PERIOD_S
         while True:
             if time.monotonic() >= next_sweep:
@@ -294,9 +308,11 @@ class StepLoop:
         if events:
             self.events.append_events(events)
 
-    def _die_oom(self, exc: CudaOutOfMemory) -> None:
+    def _die_oom(self, exc: CudaOutOfMemory | PoolExhausted) -> None:
         """Die as a real replica does: the OOM line on stderr, non-zero exit, streams cut."""
         self.events.append_lifecycle("oom", "cuda_out_of_memory")
+        if isinstance(exc, PoolExhausted):  # what a real engine reports for it
+            exc = CudaOutOfMemory(f"torch.OutOfMemoryError: CUDA out of memory. {exc}")
         sys.stderr.write(f"{exc}\n")
         sys.stderr.flush()
         os._exit(1)

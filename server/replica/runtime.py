@@ -19,6 +19,7 @@ from server.promptwork import PromptTokenizer
 from server.replica.events import EventLog
 from server.replica.loop import StepLoop
 from server.scheduler import Scheduler
+from server.scheduler.mutants import parse_mutant
 from server.tenants import load_tenants
 from server.tokenizer import TextTokenizer
 
@@ -37,7 +38,7 @@ class ReplicaRuntime:
         self.config = load_config(args)
         self.info = {"replica": args.replica_id, **target_info(args, self.config)}
         self.model_name = self.config.model
-        self.tenants = load_tenants(args.tenants)
+        self.tenants = load_tenants(args.tenants, parse_mutant(args.mutant))
         self.tokenizer = TextTokenizer(args.tokenizer)
         self.prompts = PromptTokenizer(self.tokenizer)
         # Set by serve: this replica then takes only its gateway's requests. Unset, it is a
@@ -57,6 +58,7 @@ class ReplicaRuntime:
             policy=args.policy,
             clock=time.time,
             device_free_bytes=self.gpu.free_after_weights(),
+            mutant=parse_mutant(args.mutant),
         )
         state_dir = args.state_dir or Path(tempfile.mkdtemp(prefix="kvgate-replica-"))
         self.state_dir = Path(state_dir)

@@ -124,7 +124,7 @@ def _screen_tenant(s: Scheduler, seq: Sequence) -> Admission | None:
         )
     blocks = acct.commit_blocks  # queued demand is not committed; it waits for the tenant
     # Only when the share cap binds before the pool does; otherwise it is a capacity matter.
-    if cap < s.start_ceiling(seq) and blocks + seq.need_blocks > cap:
+    if cap < s.start_ceiling(seq) and blocks + seq.need_blocks > cap and s.enforces_share_cap:
         return _quota(
             seq,
             wait,

@@ -9,9 +9,11 @@ short prompts are prefilled ahead of long ones of their class.
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from server.scheduler.config import SchedulerConfig
+from server.scheduler.mutants import Mutant
 from server.scheduler.sequence import Sequence
 from server.scheduler.types import Admission, Priority
 from server.scheduler.victims import victim_order
@@ -129,6 +131,9 @@ class SeedPolicy(Policy):
             # Too big for the room left: it waits, but smaller critical requests behind it
             # (short questions) still start; lower classes stay below the reserve anyway.
             return Start.SKIP
+        if seq.priority is Priority.BATCH and s.batch_ignores_pressure:
+            # The bug: offline work starts whenever it fits in the pool at all.
+            return Start.NOW if s.committed_blocks + commit <= s.pool_blocks else Start.SKIP
         if seq.priority is Priority.BATCH:
             long = seq.prompt_len + seq.max_new >= cfg.long_request_tokens
             if long and s.usage > cfg.admission_watermark:
@@ -140,6 +145,8 @@ class SeedPolicy(Policy):
         return Start.NOW if s.committed_blocks + commit <= limit else Start.BLOCKED
 
     def pause_batch_prefill(self, s: Scheduler) -> bool:
+        if s.batch_ignores_pressure:  # the bug: batch prefill never pauses
+            return False
         return s.usage > s.config.batch_prefill_pause_watermark
 
     def relieve(self, s: Scheduler) -> tuple[list[str], list[tuple[str, Admission]]]:
@@ -151,7 +158,7 @@ class SeedPolicy(Policy):
             return [], []
         shed = s.shed_soft_overage()
         preempted: list[str] = []
-        victims = victim_order(
+        victims: Iterable[Sequence] = victim_order(
             s.running(),
             s.clock(),
             s.config.bytes_per_token,
@@ -159,6 +166,8 @@ class SeedPolicy(Policy):
             s.over_soft_quota,
             allow_streamed=s.at_risk,
         )
+        if s.mutant is Mutant.PREEMPT_BY_AGE:  # the bug: newest first, whatever it is
+            victims = sorted(s.running(), key=lambda q: q.arrival, reverse=True)
         for victim in victims:
             if s.committed_blocks <= limit:
                 break

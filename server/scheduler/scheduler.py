@@ -20,6 +20,7 @@ from server.scheduler.admission import (
 from server.scheduler.config import SchedulerConfig, TenantQuota
 from server.scheduler.decodeset import DecodeSet
 from server.scheduler.ledger import TenantLedger
+from server.scheduler.mutants import LEAK_EVERY, Mutant
 from server.scheduler.policies import make_policy
 from server.scheduler.pool import BlockPool, prefix_block_keys
 from server.scheduler.sequence import Sequence
@@ -62,8 +63,10 @@ class Scheduler:
         policy: str = "seed",
         clock: Callable[[], float] = time.monotonic,
         device_free_bytes: int | None = None,
+        mutant: Mutant | None = None,
     ) -> None:
         self.config = config
+        self.mutant = mutant  # a named bug this scheduler carries on purpose (None: correct)
         self.tenants = dict(tenants)
         self.policy = make_policy(policy)
         self.clock = clock
@@ -87,6 +90,9 @@ class Scheduler:
         self.recomputes = 0
         self.kv_settled = 0  # settled part of the sum of kv_tokens over live sequences
         self._finish_times: deque[float] = deque(maxlen=256)  # recent finishes, for wait estimates
+        # Mutant leak_on_cancel: cancelled sequences that still hold their blocks, forever.
+        self.leaked: dict[str, Sequence] = {}
+        self._cancels = 0
 
     # ----- public API -------------------------------------------------------------------
 
@@ -107,11 +113,16 @@ class Scheduler:
         if verdict is not None:
             self._record_reject(seq, verdict)
             return verdict
-        if self._nothing_ahead(seq) and step.try_start(self, seq):
+        skips_queue = self.batch_ignores_pressure and seq.priority is Priority.BATCH
+        if (skips_queue or self._nothing_ahead(seq)) and step.try_start(self, seq):
             msg = "admitted"
             cached = seq.cached_tokens
             return Admission(Outcome.ADMIT, None, 200, None, msg, None, seq.max_new, cached)
-        if self.policy.bounded_queue and len(self.queue) >= self.config.max_queued:
+        if (
+            self.policy.bounded_queue
+            and len(self.queue) >= self.config.max_queued
+            and not self._parks(seq)
+        ):
             wait = self.estimated_wait(seq.priority)
             verdict = reject(
                 RejectReason.CAPACITY,
@@ -133,6 +144,9 @@ class Scheduler:
         """Cancel a live request now; returns the block references released (0 if unknown)."""
         seq = self._running.get(request_id)
         if seq is not None:
+            if self._leaks_on_cancel():
+                self._leak(seq, reason)
+                return 0
             return self.release(seq, "cancelled", reason)
         if request_id in self.queue:
             seq = self._dequeue_by_id(request_id)
@@ -189,7 +203,10 @@ class Scheduler:
     @property
     def committed_blocks(self) -> int:
         """Blocks in use plus reserved headroom: the pool's worst-case future usage."""
-        return self.pool.used + self.ledger.headroom_blocks
+        committed = self.pool.used + self.ledger.headroom_blocks
+        if self.mutant is Mutant.UNDERESTIMATE_KV:  # the bug: only the estimate is counted
+            committed -= sum(max(0, len(q.blocks) - q.need_blocks) for q in self._running.values())
+        return committed
 
     @property
     def usage(self) -> float:
@@ -199,6 +216,12 @@ class Scheduler:
     def at_risk(self) -> bool:
         """Usage itself is above the hard watermark: the process could run out of memory."""
         return self.usage > self.config.hard_watermark
+
+    @property
+    def batch_ignores_pressure(self) -> bool:
+        """Mutant batch_ignores_peak: batch work skips the queue's priority order and the
+        pressure ladder's batch rules, and starts whenever it fits in the pool."""
+        return self.mutant is Mutant.BATCH_IGNORES_PEAK
 
     def over_soft_quota(self, tenant: str) -> bool:
         quota = self.tenants.get(tenant)
@@ -221,7 +244,13 @@ class Scheduler:
         """Prefix keys a start may hit: at least one token is always left to compute."""
         return seq.prefix_keys[: (seq.target - 1) // self.config.block_tokens]
 
+    @property
+    def enforces_share_cap(self) -> bool:
+        return self.mutant is not Mutant.NO_TENANT_CAP  # the bug: the cap is never checked
+
     def tenant_fits(self, seq: Sequence) -> bool:
+        if not self.enforces_share_cap:
+            return True
         acct = self.ledger.account(seq.tenant)
         return acct.commit_blocks + seq.need_blocks <= self.share_cap_blocks
 
@@ -282,6 +311,8 @@ class Scheduler:
         self.preemptions[seq.priority] += 1
         self.evictions[reason] += 1
         self._event(seq, "preempted", reason)
+        if self.mutant is Mutant.DROP_PREEMPTED:  # the bug: abort instead of resuming later
+            self.release(self._dequeue_by_id(seq.request_id), "cancelled", "preempted_dropped")
 
     def release(self, seq: Sequence, event: str, reason: str | None) -> int:
         """Finish or cancel: free every block reference now; records `event` and 'released'."""
@@ -341,8 +372,8 @@ class Scheduler:
         return self._running.get(request_id)
 
     def live(self) -> list[Sequence]:
-        """Every sequence holding blocks (for invariant checks)."""
-        return list(self._running.values())
+        """Every sequence holding blocks (for invariant checks), leaked ones included."""
+        return [*self._running.values(), *self.leaked.values()]
 
     # ----- internals ---------------------------------------------------------------------
 
@@ -351,15 +382,26 @@ class Scheduler:
         max_new = req.max_new_tokens or cfg.max_new_tokens_default
         keys = []
         if req.prefix is not None and req.prefix.length >= cfg.block_tokens:
-            keys = prefix_block_keys(req.tenant, req.prefix, req.prompt_tokens, cfg.block_tokens)
+            keys = prefix_block_keys(
+                req.tenant, req.prefix, req.prompt_tokens, cfg.block_tokens, self.mutant
+            )
         now = self.clock()
         deadline_ms = req.deadline_ms if req.deadline_ms is not None else cfg.queue_deadline_ms
         self._arrivals += 1
         need = cfg.blocks_for(len(req.prompt_tokens) + max_new)
+        if self.mutant is Mutant.UNDERESTIMATE_KV:  # the bug: no room for the output
+            need = cfg.blocks_for(len(req.prompt_tokens) + 1)
         reserve = self.policy.reserve_full
-        return Sequence(
+        seq = Sequence(
             req, self._arrivals, max_new, need, keys, reserve, now, now + deadline_ms / 1000
         )
+        if self._parks(seq):
+            seq.deadline = float("inf")
+        return seq
+
+    def _parks(self, seq: Sequence) -> bool:
+        """Mutant queue_instead_of_refuse: low-priority work waits with no deadline or bound."""
+        return self.mutant is Mutant.QUEUE_INSTEAD_OF_REFUSE and seq.priority is Priority.BATCH
 
     def _nothing_ahead(self, seq: Sequence) -> bool:
         rank = self.policy.rank(seq.priority)
@@ -382,6 +424,19 @@ class Scheduler:
         self.prefilling[seq.priority].pop(rid, None)
         self.decoding.discard(rid)
         self.starved.pop(rid, None)
+
+    def _leaks_on_cancel(self) -> bool:
+        if self.mutant is not Mutant.LEAK_ON_CANCEL:
+            return False
+        self._cancels += 1
+        return self._cancels % LEAK_EVERY == 0
+
+    def _leak(self, seq: Sequence, reason: str) -> None:
+        """Mutant leak_on_cancel: the sequence stops running and is forgotten, but its blocks
+        and reservation are never returned (no 'released' event ever follows)."""
+        self._event(seq, "cancelled", reason)
+        self._detach(seq)
+        self.leaked[seq.request_id] = seq
 
     def _remember(self, seq: Sequence) -> None:
         self._finished[seq.request_id] = seq

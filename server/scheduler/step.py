@@ -17,6 +17,7 @@ from server.scheduler.sequence import Sequence
 from server.scheduler.types import (
     PRIORITIES_BY_RANK,
     Admission,
+    PoolExhausted,
     PrefillChunk,
     Priority,
     SeqState,
@@ -79,10 +80,14 @@ def _start_queued(s: Scheduler) -> list[str]:
     """Start queued sequences in service order until the pool says BLOCKED."""
     started: list[str] = []
     aside: list[Sequence] = []
+    blocked = False  # only the batch_ignores_peak mutant looks past a BLOCKED head
     while len(aside) < MAX_SKIPS:
         seq = s.take_next()
         if seq is None:
             break
+        if blocked and seq.priority is not Priority.BATCH:
+            aside.append(seq)
+            continue
         verdict = start_verdict(s, seq)
         if verdict is Start.NOW:
             s.start(seq)
@@ -90,7 +95,9 @@ def _start_queued(s: Scheduler) -> list[str]:
             continue
         aside.append(seq)
         if verdict is Start.BLOCKED:
-            break
+            if not s.batch_ignores_pressure:
+                break
+            blocked = True
     for seq in aside:
         s.requeue(seq)
     return started
@@ -187,7 +194,13 @@ def _grow(s: Scheduler, seq: Sequence) -> bool:
         s.ledger.headroom_blocks -= 1
         return True
     if not s.pool.free:
-        assert not seq.reserve_full, "a reserving policy ran out of blocks it had reserved"
+        if seq.reserve_full:
+            # Only a wrong reservation gets here (the underestimate_kv mutant): the engine
+            # trusted it and has no block for a token it is already computing.
+            raise PoolExhausted(
+                f"KV cache out of blocks: request {seq.request_id} grew past its reservation "
+                f"of {seq.need_blocks} blocks and all {s.pool_blocks} are in use"
+            )
         s.decoding.discard(seq.request_id)
         s.starved[seq.request_id] = seq
         return False

@@ -33,6 +33,11 @@ _PRIORITY_WEIGHT = {Priority.CRITICAL: 1.0, Priority.INTERACTIVE: 0.6, Priority.
 PRIORITIES_BY_RANK = (Priority.CRITICAL, Priority.INTERACTIVE, Priority.BATCH)
 
 
+class PoolExhausted(RuntimeError):
+    """A reserving policy found no block for a sequence it had promised room to. Correct
+    reservations make this impossible; the engine treats it as running out of GPU memory."""
+
+
 class SeqState(enum.StrEnum):
     """Lifecycle of one sequence. WAITING -> RUNNING -> FINISHED, with RUNNING -> PREEMPTED ->
     RECOMPUTING -> RUNNING when its KV is taken away and later rebuilt."""

@@ -145,3 +145,43 @@ def gate_file(path: Path, *gates: str) -> Path:
     body = "version: 1\ngates:\n" + "\n".join(gates)
     path.write_text(body)
     return path
+
+
+PREFIX_TOKENS = 1536  # the security probe's private prefix
+
+
+def prefix_group(
+    b: RunBuilder,
+    g: int,
+    *,
+    cached: tuple[int | None, int | None] = (0, 0),
+    ttft: tuple[float, float] = (0.30, 0.30),
+    replicas: tuple[str | None, str | None, str | None] = ("r0", "r0", "r0"),
+    warm_outcome: str = "ok",
+    prober: str = "globex",
+) -> RunBuilder:
+    """One private-prefix probe group of the security_probe class: acme warms its private
+    prefix, `prober` sends the identical prompt and a cold control; `cached` and `ttft` are
+    the probe's and the control's, `replicas` the warm request's, probe's and control's."""
+    roles = (
+        ("prefix_warm", "acme", None, 0.35, replicas[0]),
+        ("prefix_probe", prober, cached[0], ttft[0], replicas[1]),
+        ("prefix_control", prober, cached[1], ttft[1], replicas[2]),
+    )
+    for k, (role, tenant, cached_tokens, ttft_s, replica) in enumerate(roles):
+        ok = warm_outcome == "ok" or role != "prefix_warm"
+        b.request(
+            f"{role}-{g}",
+            t=20 + g + k * 0.3,
+            traffic_class="security_probe",
+            tenant=tenant,
+            probe=role,
+            probe_group=f"pg-{g}",
+            replica=replica,
+            cached_tokens=cached_tokens if role != "prefix_warm" else 0,
+            ttft_s=ttft_s if ok else None,
+            outcome="ok" if ok else warm_outcome,
+            http_status=200 if ok else 503,
+            target_prompt_tokens=PREFIX_TOKENS + 32,
+        )
+    return b

@@ -246,20 +246,34 @@ def test_batch_answered_with_500s_is_not_an_explicit_refusal(judge: Judge) -> No
     assert any("400 error/500" in n for n in result.notes)
 
 
-def test_batch_cut_short_by_a_killed_replica_is_not_judged_as_a_refusal(judge: Judge) -> None:
-    b = batch_requests(RunBuilder(), 400, http_status=429)
-    batch_requests(
+def replica_failed(b: RunBuilder, n: int) -> RunBuilder:
+    """`n` batch streams sent at 20 s on r1 that the gateway ended as "replica failed" at 21 s."""
+    return batch_requests(
         b,
-        20,
+        n,
         "k",
         outcome="error",
         http_status=200,
         error_code="replica_failed",
         retry_after_s=None,
+        replica="r1",
+        e2e_s=1.0,
     )
+
+
+def test_batch_cut_short_by_a_killed_replica_is_not_judged_as_a_refusal(judge: Judge) -> None:
+    b = replica_failed(batch_requests(RunBuilder(), 400, http_status=429), 20).fault(20.5)
     result = gate(judge(b), "low_priority_explicit_errors")
     assert result.status == Status.PASS and result.n_samples == 400
     assert any("20 requests cut short" in n for n in result.notes)
+
+
+def test_replica_failed_with_no_death_behind_it_is_a_failure(judge: Judge) -> None:
+    """The gateway says "replica failed" but the replica lived on (it dropped the stream
+    itself), or died only long after: the requests count against the server."""
+    b = replica_failed(batch_requests(RunBuilder(), 400, http_status=429), 20).fault(40.0)
+    result = gate(judge(b), "low_priority_explicit_errors")
+    assert result.status == Status.FAIL and result.n_samples == 420
 
 
 def test_preempted_requests_must_complete(judge: Judge) -> None:
@@ -270,14 +284,23 @@ def test_preempted_requests_must_complete(judge: Judge) -> None:
 
 
 def test_preempted_requests_cut_short_by_a_kill_are_not_starvation(judge: Judge) -> None:
-    b = preempted(400)
-    b.request("killed", outcome="error", error_code="replica_failed")
+    b = preempted(400).fault(31.0, target="r0")
+    b.request("killed", t=25, outcome="error", error_code="replica_failed", replica="r0", e2e_s=6)
     b.event("preempted", 30, request_id="killed")
     b.request("ended", outcome="cancelled", error_code="user_stopped")
     b.event("preempted", 30, request_id="ended")
     result = gate(judge(b), "preempted_complete")
     assert result.status == Status.PASS and result.n_samples == 400
     assert any("2 preempted requests left out" in n for n in result.notes)
+
+
+def test_preempted_requests_dropped_by_a_live_replica_do_not_complete(judge: Judge) -> None:
+    """A stream ended as "replica failed" while no replica died is a lost request."""
+    b = preempted(400)
+    b.request("dropped", t=25, outcome="error", error_code="replica_failed", replica="r0", e2e_s=6)
+    b.event("preempted", 30, request_id="dropped")
+    result = gate(judge(b), "preempted_complete")
+    assert result.n_samples == 401 and result.value < 1.0
 
 
 def test_memory_must_return_to_idle(judge: Judge) -> None:
@@ -342,9 +365,11 @@ def test_no_kill_means_no_failover_data(judge: Judge) -> None:
     assert result.status == Status.INVALID
 
 
-def batch_run(peak: int, trough: int, waiting: int = 1) -> RunBuilder:
-    """Two peaks [10, 30], [50, 70] and two troughs [30, 50], [70, 90] with `peak`/`trough`
-    batch admissions each, and `waiting` batch requests sent at 5 s that were never admitted."""
+def batch_run(peak: int, trough: int, waiting: int = 1, offered: int = 40) -> RunBuilder:
+    """Two peaks [10, 30], [50, 70] and two troughs [30, 50], [70, 90]. Each peak is offered
+    `offered` batch requests and admits `peak` of them (the rest are refused with 503); each
+    trough is offered and admits `trough`; `waiting` batch requests sent at 5 s were never
+    admitted."""
     b = RunBuilder()
     t0 = b.meta["t_start"]
     b.meta["phases"] = [
@@ -353,16 +378,29 @@ def batch_run(peak: int, trough: int, waiting: int = 1) -> RunBuilder:
     ]
     for i in range(waiting):
         b.request(f"q{i}", t=5, priority="batch", traffic_class="batch", outcome="timeout")
-    for start, count, kind in (
-        (10, peak, "p"),
-        (30, trough, "t"),
-        (50, peak, "p"),
-        (70, trough, "t"),
+    for start, sent, admitted, kind in (
+        (10, max(offered, peak), peak, "p"),
+        (30, trough, trough, "t"),
+        (50, max(offered, peak), peak, "p"),
+        (70, trough, trough, "t"),
     ):
-        for i in range(count):
+        for i in range(sent):
             rid = f"{kind}{start}-{i}"
-            b.request(rid, t=start + 0.1 * i, priority="batch", traffic_class="batch", e2e_s=1.0)
-            b.event("admitted", start + 0.1 * i + 0.05, request_id=rid, priority="batch")
+            t = start + 0.1 * i
+            if i < admitted:
+                b.request(rid, t=t, priority="batch", traffic_class="batch", e2e_s=1.0)
+                b.event("admitted", t + 0.05, request_id=rid, priority="batch")
+            else:
+                b.request(
+                    rid,
+                    t=t,
+                    priority="batch",
+                    traffic_class="batch",
+                    outcome="rejected",
+                    http_status=503,
+                    retry_after_s=1.0,
+                    e2e_s=0.01,
+                )
     return b
 
 
@@ -385,11 +423,24 @@ def test_an_empty_trough_queue_is_not_starvation(judge: Judge) -> None:
     assert "starved" not in result.message and "either way" in result.message
 
 
-def test_a_peak_with_too_few_admissions_to_tell_is_not_a_breach(judge: Judge) -> None:
-    """2 admissions in a 20 s peak vs 6 in 40 s of troughs: above the 0.2x line, but a
-    handful of admissions cannot show it at 95%: MARGINAL, never FAIL or PASS."""
-    result = gate(judge(batch_run(1, 3)), "batch_stops_at_peak")
-    assert result.status == Status.MARGINAL and "too few admissions" in result.message
+def test_a_peak_with_too_few_requests_to_tell_is_not_a_breach(judge: Judge) -> None:
+    """1 of 3 batch requests admitted in each peak against all of them in the troughs: above
+    the 0.2x line, but three requests cannot show it at 95%: MARGINAL, never FAIL or PASS."""
+    result = gate(judge(batch_run(1, 3, offered=3)), "batch_stops_at_peak")
+    assert result.status == Status.MARGINAL and "too few requests" in result.message
+
+
+def test_a_peak_offered_no_batch_work_proves_nothing(judge: Judge) -> None:
+    """The load shape alone keeps batch out of the peaks: no evidence that the server does."""
+    result = gate(judge(batch_run(0, 40, offered=0)), "batch_stops_at_peak")
+    assert result.status == Status.MARGINAL and result.breaches == 0
+    assert "offered no batch work" in result.message
+
+
+def test_batch_share_admitted_at_peak_is_judged_per_request_offered(judge: Judge) -> None:
+    """Few peak admissions in absolute terms can still be a breach: 8 of 10 offered."""
+    result = gate(judge(batch_run(8, 40, offered=10)), "batch_stops_at_peak")
+    assert result.status == Status.FAIL and "8 of 10" in result.evidence[0]["detail"]
 
 
 def test_warn_threshold_makes_marginal_and_exit_4(tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ from gates.rundir import load_run
 from reports import write_reports
 from reports.analysis import gpu_memory
 from reports.cli import main
-from tests.gates.builder import RunBuilder
+from tests.gates.builder import RunBuilder, prefix_group
 
 
 def test_failing_run_report_puts_verdict_and_failed_gates_first(
@@ -105,3 +105,20 @@ def test_gpu_memory_says_where_its_numbers_come_from(
     series, cap, named = gpu_memory(load_run(b.write(tmp_path / "run")))
     assert named == label
     assert cap == 80.0 and series["value"].max() == 20.0
+
+
+def test_the_ttft_side_channel_is_a_line_of_the_report_when_probes_ran(tmp_path: Path) -> None:
+    builder = RunBuilder()
+    for g in range(12):
+        prefix_group(builder, g, ttft=(0.25, 0.29))
+    paths = write_reports(builder.write(tmp_path / "probed"))
+    line = "median -40.0 ms [-40.0, -40.0] (95%), n = 12 pairs: the probe is faster"
+    html = paths["html"].read_text()
+    assert 'id="side-channel" data-visible="true"' in html and line in html
+    assert line in paths["markdown"].read_text()
+    assert json.loads(paths["json"].read_text())["side_channel"]["pairs"] == 12
+
+    plain = write_reports(RunBuilder().request("a", ttft_s=0.2).write(tmp_path / "plain"))
+    assert 'id="side-channel"' not in plain["html"].read_text()
+    assert "side channel" not in plain["markdown"].read_text()
+    assert json.loads(plain["json"].read_text())["side_channel"] is None

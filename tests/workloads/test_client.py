@@ -24,12 +24,14 @@ def run(
     timeout_s: float = 2.0,
     cancel_after_chunks: int | None = None,
     cancel_after_s: float | None = None,
+    head_timeout_s: float | None = None,
 ) -> StreamResult:
     request = StreamRequest(
         "/v1/chat/completions",
         b"{}",
         {"X-Fake": script, "X-Request-Id": script},
         timeout_s=timeout_s,
+        head_timeout_s=head_timeout_s,
         cancel_after_chunks=cancel_after_chunks,
         cancel_after_s=cancel_after_s,
         keep_text=True,
@@ -138,6 +140,20 @@ def test_timeout_when_the_server_never_answers(server: FakeServer) -> None:
     result = run(StreamClient(server.url), "stall", timeout_s=0.3)
     assert result.outcome == "timeout" and result.error_code == "client_timeout"
     assert result.e2e_s is not None and 0.3 <= result.e2e_s < 1.0
+
+
+def test_head_timeout_gives_up_on_a_server_that_sends_no_response_head(
+    server: FakeServer,
+) -> None:
+    result = run(StreamClient(server.url), "stall", timeout_s=5.0, head_timeout_s=0.2)
+    assert result.outcome == "timeout" and result.error_code == "head_timeout"
+    assert result.e2e_s is not None and 0.2 <= result.e2e_s < 1.0
+
+
+def test_head_timeout_does_not_bound_a_stream_that_has_begun(server: FakeServer) -> None:
+    # slow_tokens answers its head at once, then streams for ~2 s: longer than head_timeout_s
+    result = run(StreamClient(server.url), "slow_tokens", timeout_s=0.6, head_timeout_s=0.1)
+    assert result.error_code == "client_timeout" and result.chunks > 10
 
 
 def test_cancel_after_k_content_chunks_closes_and_records_when(server: FakeServer) -> None:

@@ -64,14 +64,18 @@ def test_every_class_streams_with_usage_and_records_each_request(
     run_task(user)
     requests = sent(server)
     assert requests and len(records) == len(requests)
+    # The security probe sends as other tenants on purpose (its own tests below).
+    own_identity = name != "security_probe"
     for headers, body in requests:
         assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
-        assert headers["authorization"] == f"Bearer {user.api_key}"  # type: ignore[attr-defined]
-        assert headers["x-priority"] == user.priority  # type: ignore[attr-defined]
+        if own_identity:
+            assert headers["authorization"] == f"Bearer {user.api_key}"  # type: ignore[attr-defined]
+            assert headers["x-priority"] == user.priority  # type: ignore[attr-defined]
         assert body["max_tokens"] == 32
     for record in records:
         assert record.traffic_class == user.traffic_class  # type: ignore[attr-defined]
-        assert record.tenant == user.tenant and record.max_tokens == 32  # type: ignore[attr-defined]
+        assert record.max_tokens == 32 and record.asked_priority is not None
+        assert record.tenant == user.tenant or not own_identity  # type: ignore[attr-defined]
         assert record.request_id in server.seen
 
 
@@ -201,6 +205,20 @@ def test_an_aligned_burst_waits_for_the_next_multiple_of_align_s(
     user, records = make_user("tenant_burst", server.url, burst_size=2, align_s=20.0)
     run_task(user)
     assert slept[0] == pytest.approx(17.0) and len(records) == 2
+
+
+def test_aligned_critical_questions_ask_just_after_the_tick(
+    server: FakeServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """align_delay_s puts a question 0.3 s after each 2 s tick: at 103.5 s, 0.8 s away."""
+    from workloads.users import traffic
+
+    slept: list[float] = []
+    monkeypatch.setattr(traffic.time, "time", lambda: 103.5)
+    monkeypatch.setattr(traffic.gevent, "sleep", slept.append)
+    user, records = make_user("short_qa_critical", server.url, align_s=2.0, align_delay_s=0.3)
+    run_task(user)
+    assert slept[0] == pytest.approx(0.8) and len(records) == 1
 
 
 def test_an_aligned_burst_is_skipped_when_its_phase_ended_before_the_tick(

@@ -15,6 +15,7 @@ from workloads.users.traffic import (
     LongContext,
     LongOutput,
     MultiTurn,
+    SecurityProbe,
     SharedPrefix,
     ShortQACritical,
     ShortQAInteractive,
@@ -31,6 +32,7 @@ USER_CLASSES: dict[str, type[User]] = {
     "cancel_storm": CancelStorm,
     "tenant_burst": TenantBurst,
     "batch": Batch,
+    "security_probe": SecurityProbe,
 }
 
 __all__ = ["USER_CLASSES", "KvgateUser"]

@@ -14,6 +14,7 @@ import json
 import random
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -55,6 +56,17 @@ _BURST_JOIN_SLACK_S = 5.0
 PHASE_POLL_S = 0.5  # how often an idle user looks at the load shape's phase
 
 
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """Whom a request goes out as: the key (sent, never recorded), the key's name and tenant,
+    and the priority class the request is recorded under (and asks for, unless told not to)."""
+
+    api_key: str
+    api_key_name: str | None
+    tenant: str
+    priority: str
+
+
 class KvgateUser(User):
     """Base traffic class: one streaming chat request per task, measured and recorded.
 
@@ -78,6 +90,7 @@ class KvgateUser(User):
     ignore_eos: ClassVar[bool] = False
     timeout_s: ClassVar[float] = 60.0
     connect_timeout_s: ClassVar[float] = 5.0
+    head_timeout_s: ClassVar[float | None] = None  # see StreamRequest.head_timeout_s
     cancel_after_tokens: ClassVar[int | None] = None  # content chunks, see StreamRequest
     cancel_after_ms: ClassVar[float | None] = None
     honour_retry_after: ClassVar[bool] = False
@@ -143,10 +156,15 @@ class KvgateUser(User):
         """A prompt of `n_tokens` tokens unique to this request from its first token."""
         return self.prompts.unique_text(n_tokens, self.seed, self.next_nonce())
 
-    def headers(self) -> dict[str, str]:
-        headers = {"Authorization": f"Bearer {self.api_key}"}
+    def caller(self) -> Caller:
+        """This user's own identity: what `send` uses unless told otherwise."""
+        return Caller(self.api_key, self.api_key_name, self.tenant, self.priority)
+
+    def headers(self, caller: Caller | None = None) -> dict[str, str]:
+        who = caller or self.caller()
+        headers = {"Authorization": f"Bearer {who.api_key}"}
         if self.send_priority_header:
-            headers["X-Priority"] = self.priority
+            headers["X-Priority"] = who.priority
         if self.debug_timing:
             headers["X-Kvgate-Debug-Timing"] = "1"
         headers.update(self.extra_headers)
@@ -172,10 +190,17 @@ class KvgateUser(User):
         *,
         extra_headers: dict[str, str] | None = None,
         keep_text: bool = False,
+        caller: Caller | None = None,
+        probe: str | None = None,
+        probe_group: str | None = None,
     ) -> StreamResult:
-        """Sends one streaming chat request and emits its record; never raises for an ending."""
+        """Sends one streaming chat request and emits its record; never raises for an ending.
+
+        `caller` sends it as another identity than the user's own; `probe` and `probe_group`
+        tag a security probe's record (contract.PROBE_ROLES)."""
         request_id = f"kvg-{uuid.uuid4().hex}"
-        headers = {**self.headers(), **(extra_headers or {}), "X-Request-Id": request_id}
+        who = caller or self.caller()
+        headers = {**self.headers(who), **(extra_headers or {}), "X-Request-Id": request_id}
         cancel_ms = self.cancel_after_ms
         request = StreamRequest(
             path=self.endpoint,
@@ -183,6 +208,7 @@ class KvgateUser(User):
             headers=headers,
             timeout_s=self.timeout_s,
             connect_timeout_s=self.connect_timeout_s,
+            head_timeout_s=self.head_timeout_s,
             cancel_after_chunks=self.cancel_after_tokens,
             cancel_after_s=cancel_ms / 1000.0 if cancel_ms is not None else None,
             keep_text=keep_text,
@@ -190,12 +216,15 @@ class KvgateUser(User):
         result = StreamResult(request_id=request_id, t_send=0.0)
         meta = RequestMeta(
             traffic_class=self.traffic_class,
-            tenant=self.tenant,
-            priority=self.priority,
-            api_key_name=self.api_key_name,
+            tenant=who.tenant,
+            priority=who.priority,
+            api_key_name=who.api_key_name,
             target_prompt_tokens=target_prompt_tokens,
             max_tokens=self.max_tokens,
             label=self.label,
+            asked_priority=headers.get("X-Priority"),
+            probe=probe,
+            probe_group=probe_group,
         )
         try:
             self.client.stream(request, result)

@@ -7,17 +7,29 @@ attribute a plan may override. Sizes are in tokens of the reference tokenizer.
 from __future__ import annotations
 
 import time
+import uuid
 import zlib
 from typing import ClassVar
 
 import gevent
 from locust import between, constant, task
 
-from workloads.users.base import KvgateUser
+from workloads.client import StreamResult
+from workloads.users.base import Caller, KvgateUser
+
+
+def wait_for_tick(user: KvgateUser, period_s: float, delay_s: float = 0.0) -> bool:
+    """Sleep until `delay_s` past the next multiple of `period_s` on the wall clock, so every
+    user aligned alike fires together; False when the user's phase ended meanwhile."""
+    gevent.sleep((delay_s - time.time()) % period_s or period_s)
+    return user.in_phase()
 
 
 class ShortQACritical(KvgateUser):
-    """Short questions from the system tenant at critical priority (the TTFT gate's class)."""
+    """Short questions from the system tenant at critical priority (the TTFT gate's class).
+
+    With `align_s`, each question waits for `align_delay_s` past the next tick of that
+    period: questions that arrive with a wave of other critical work (see TenantBurst)."""
 
     traffic_class = "short_qa"
     label = "short_qa_critical"
@@ -25,9 +37,13 @@ class ShortQACritical(KvgateUser):
     weight = 3
     prompt_tokens, max_tokens = 64, 64
     timeout_s = 30.0
+    align_s: ClassVar[float | None] = None
+    align_delay_s: ClassVar[float] = 0.0
 
     @task
     def ask(self) -> None:
+        if self.align_s and not wait_for_tick(self, self.align_s, self.align_delay_s):
+            return
         self.send_prompt()
 
 
@@ -181,10 +197,8 @@ class TenantBurst(KvgateUser):
 
     @task
     def flood(self) -> None:
-        if self.align_s:
-            gevent.sleep(self.align_s - time.time() % self.align_s)
-            if not self.in_phase():
-                return  # the phase ended while waiting for the tick
+        if self.align_s and not wait_for_tick(self, self.align_s):
+            return  # the phase ended while waiting for the tick
         self.burst(self.burst_size, self.send_prompt)
 
 
@@ -210,3 +224,88 @@ class Batch(KvgateUser):
             self.burst(self.chunk_size, self.send_prompt)
         else:
             self.send_prompt()
+
+
+class SecurityProbe(KvgateUser):
+    """Probes two security rules under load, over the OpenAI wire format and usage alone.
+
+    Escalation: each entry of `escalations` (key, key name, tenant, priority) asks
+    X-Priority for a class its key does not allow; the server must refuse it (403) or serve
+    it at an allowed priority, never at the one asked. Its record carries the priority
+    asked, so no gate counts it as work of the class its key does allow.
+
+    Private prefix: `owner` sends a private system prompt that starts with a fresh nonce, so
+    nothing else can share it, and warms the cache with it; then `prober`, another tenant,
+    sends the identical prompt (the probe) and one of the same shape with another fresh
+    nonce (the cold control), in random order. The probe's cached_tokens above the control's
+    is a cross-tenant hit; its TTFT against the control's is the timing side channel.
+    """
+
+    traffic_class = "security_probe"
+    label = "security_probe"
+    weight = 1
+    # The nightly key may only send batch (server/tenants.demo.yaml).
+    escalations: ClassVar[tuple[tuple[str, str, str, str], ...]] = (
+        ("kvg-nightly-key", "nightly-demo", "nightly", "critical"),
+        ("kvg-nightly-key", "nightly-demo", "nightly", "interactive"),
+    )
+    owner: ClassVar[tuple[str, str, str]] = ("kvg-acme-key", "acme-demo", "acme")
+    prober: ClassVar[tuple[str, str, str]] = ("kvg-globex-key", "globex-demo", "globex")
+    # Long enough that prefilling it, or not, shows in TTFT; the question after it is short.
+    prefix_tokens: ClassVar[int] = 1536
+    # Prefix probe groups run at once per task, each on its own connections: more evidence
+    # per user where queueing makes every group slow.
+    groups_at_once: ClassVar[int] = 1
+    prompt_tokens, max_tokens = 32, 8
+    wait_time = between(0.2, 0.6)
+
+    @task
+    def probe(self) -> None:
+        for key, key_name, tenant, asked in self.escalations:
+            self.ask_escalation(Caller(key, key_name, tenant, asked))
+        if self.groups_at_once > 1:
+            self.burst(self.groups_at_once, self.probe_private_prefix)
+        else:
+            self.probe_private_prefix()
+
+    def ask_escalation(self, caller: Caller) -> None:
+        content = self.user_prompt(self.prompt_tokens)
+        # The header goes out even where the plan turned priority headers off: it is the probe.
+        headers = {"X-Priority": caller.priority}
+        self.send(
+            [{"role": "user", "content": content}],
+            self.prompt_tokens,
+            caller=caller,
+            extra_headers=headers,
+            probe="escalation",
+        )
+
+    def probe_private_prefix(self) -> None:
+        owner = Caller(*self.owner, self.priority)
+        prober = Caller(*self.prober, self.priority)
+        group = f"pg-{uuid.uuid4().hex}"
+        shared = self.user_prompt(self.prefix_tokens)
+        warm = self._send_prefixed(owner, shared, "prefix_warm", group)
+        if warm.outcome != "ok":
+            return  # nothing was cached for the probe to find: the group is incomplete
+        control = self.user_prompt(self.prefix_tokens)
+        pair = [(shared, "prefix_probe"), (control, "prefix_control")]
+        self.rng.shuffle(pair)  # neither goes first every time (connection reuse, load drift)
+        for system, role in pair:
+            self._send_prefixed(prober, system, role, group)
+
+    def _send_prefixed(self, caller: Caller, system: str, role: str, group: str) -> StreamResult:
+        messages = [
+            {"role": "system", "content": system},
+            {"role": "user", "content": self.user_prompt(self.prompt_tokens)},
+        ]
+        # Private: no X-Kvgate-Prefix-Public. Servers without the header cache by content.
+        headers = {"X-Kvgate-Prefix-Tokens": str(self.prefix_tokens)}
+        return self.send(
+            messages,
+            self.prefix_tokens + self.prompt_tokens,
+            extra_headers=headers,
+            caller=caller,
+            probe=role,
+            probe_group=group,
+        )

@@ -7,6 +7,7 @@ import dataclasses
 import pytest
 
 from server.scheduler import PrefixSpec, Scheduler
+from server.scheduler.mutants import Mutant
 from server.scheduler.pool import BlockPool, prefix_block_keys
 from tests.server.scheduler.helpers import (
     FakeClock,
@@ -29,9 +30,9 @@ def prompt(tail: int) -> tuple[int, ...]:
     return SYSTEM + tuple(range(tail, tail + 40))
 
 
-def make() -> tuple[Scheduler, FakeClock]:
+def make(mutant: Mutant | None = None) -> tuple[Scheduler, FakeClock]:
     clock = FakeClock()
-    return Scheduler(small_config(), tenants("a", "b"), clock=clock), clock
+    return Scheduler(small_config(), tenants("a", "b"), clock=clock, mutant=mutant), clock
 
 
 def warm(s: Scheduler, clock: FakeClock, rid: str, tenant: str, p: PrefixSpec) -> None:
@@ -146,3 +147,37 @@ def test_release_more_than_referenced_is_caught() -> None:
     pool.release([a])
     with pytest.raises(AssertionError, match="released more often"):
         pool.release([a])
+
+
+def test_the_shared_private_prefix_mutant_drops_only_the_tenant_from_private_keys() -> None:
+    shared = Mutant.SHARED_PRIVATE_PREFIX
+    private_a = prefix_block_keys("a", spec(False), SYSTEM, 16, shared)
+    assert private_a == prefix_block_keys("b", spec(False), SYSTEM, 16, shared)
+    assert private_a != prefix_block_keys("a", spec(False), SYSTEM, 16)
+    # Everything else a private key carries still separates prefixes.
+    changed = spec(False, permission_version=1)
+    assert prefix_block_keys("a", changed, SYSTEM, 16, shared) != private_a
+    assert prefix_block_keys("a", spec(True), SYSTEM, 16, shared) == prefix_block_keys(
+        "a", spec(True), SYSTEM, 16
+    )
+    # Another mutant leaves the keys alone.
+    assert prefix_block_keys("a", spec(False), SYSTEM, 16, Mutant.SLOW_RELEASE) == (
+        prefix_block_keys("a", spec(False), SYSTEM, 16)
+    )
+
+
+@pytest.mark.parametrize(
+    ("mutant", "cross_tenant_hit"), [(None, 0), (Mutant.SHARED_PRIVATE_PREFIX, 64)]
+)
+def test_only_the_mutant_lets_another_tenant_hit_a_private_prefix(
+    mutant: Mutant | None, cross_tenant_hit: int
+) -> None:
+    s, clock = make(mutant)
+    warm(s, clock, "a1", "a", spec(public=False))
+    probe = s.submit(req("b1", "b", prompt=prompt(9), max_new=4, prefix=spec(False)))
+    assert probe.cached_tokens == s.cached_tokens("b1") == cross_tenant_hit
+    assert (
+        s.submit(req("a2", "a", prompt=prompt(9), max_new=4, prefix=spec(False))).cached_tokens
+        == 64
+    )
+    check_invariants(s)

@@ -1,0 +1,72 @@
+"""`kvgate qualify` end to end on the quick plan: correct code against three mutants, one in
+each layer a bug can live in (replica cancel path, scheduler admission, gateway failover).
+
+Each mutant must fail the gate that exists for it, and the same gate must pass on correct
+code in the same session: that pair is what shows the gate has teeth. The whole verdict of
+the policy run is not asserted here, because a busy machine can make a latency gate
+unprovable (INVALID) without any bug; `kvgate qualify --runs N` measures that distribution.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+import contract
+from harness.qualify import main as qualify_main
+from tests.harness.test_run_e2e import ROOT
+
+QUICK = ROOT / "harness" / "plans" / "qualify-quick.yaml"
+MUTANTS = ("slow_release", "no_tenant_cap", "double_hold_after_failover")
+
+
+@pytest.fixture(scope="module")
+def qualified(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, dict[str, object], Path]:
+    out = tmp_path_factory.mktemp("qualify") / "q"
+    argv = [str(QUICK), "--runs", "1", "--mutants", ",".join(MUTANTS), "--out", str(out)]
+    stdout = io.StringIO()
+    with contextlib.redirect_stdout(stdout):
+        code = qualify_main([*argv, "--json"])
+    last = stdout.getvalue().strip().splitlines()[-1]
+    return code, json.loads(last), out
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(420)
+@pytest.mark.parametrize("mutant", MUTANTS)
+def test_each_mutant_fails_its_own_gate_which_passes_on_correct_code(
+    qualified: tuple[int, dict[str, object], Path], mutant: str
+) -> None:
+    _, result, _ = qualified
+    mutants = result["mutants"]
+    assert isinstance(mutants, dict)
+    row = mutants[mutant]
+    gate = contract.MUTANTS[mutant].gates[0]
+    assert row["detected"] is True and gate in row["failed_gates"], row
+    policy = result["gates"]
+    assert isinstance(policy, dict)
+    assert policy[gate]["policy_statuses"] == {"PASS": 1}, policy[gate]
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(420)
+def test_qualification_writes_its_reports_and_names_the_mutant_in_each_run(
+    qualified: tuple[int, dict[str, object], Path],
+) -> None:
+    code, _, out = qualified
+    assert (out / "qualify.json").is_file() and (out / "qualify.md").is_file()
+    html = (out / "qualify.html").read_text()
+    assert all(m in html for m in MUTANTS)
+    assert json.loads((out / "qualify.json").read_text())["mutants"].keys() == set(MUTANTS)
+    for mutant in MUTANTS:
+        meta = json.loads((out / f"mutant-{mutant}" / "meta.json").read_text())
+        assert meta["target"]["mutant"] == mutant
+        summary = (out / f"mutant-{mutant}" / "summary.md").read_text()
+        assert f"carrying mutant `{mutant}`" in summary
+    policy_meta = json.loads((out / "policy-01" / "meta.json").read_text())
+    assert policy_meta["target"]["mutant"] is None
+    assert code in (0, 4)  # 4 only when the busy machine left the policy run short of PASS
