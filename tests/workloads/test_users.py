@@ -193,32 +193,32 @@ def test_an_idle_phase_class_stops_when_the_shape_finishes(server: FakeServer) -
     assert not records and not server.requests
 
 
-def test_an_aligned_burst_waits_for_the_next_multiple_of_align_s(
-    server: FakeServer, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(
+    ("cls", "now", "attributes", "sleep_s", "sent"),
+    [
+        # every burst aligned to 20 s fires at the same wall-clock instants (103 s -> 120 s)
+        ("tenant_burst", 103.0, {"burst_size": 2, "align_s": 20.0}, 17.0, 2),
+        # align_delay_s puts a question 0.3 s after each 2 s tick: at 103.5 s, 0.8 s away
+        ("short_qa_critical", 103.5, {"align_s": 2.0, "align_delay_s": 0.3}, 0.8, 1),
+    ],
+)
+def test_aligned_users_wait_for_the_next_tick(
+    server: FakeServer,
+    monkeypatch: pytest.MonkeyPatch,
+    cls: str,
+    now: float,
+    attributes: dict[str, float],
+    sleep_s: float,
+    sent: int,
 ) -> None:
-    """Every user aligned to 20 s fires at the same wall-clock instants (103 s -> 120 s)."""
     from workloads.users import traffic
 
     slept: list[float] = []
-    monkeypatch.setattr(traffic.time, "time", lambda: 103.0)
+    monkeypatch.setattr(traffic.time, "time", lambda: now)
     monkeypatch.setattr(traffic.gevent, "sleep", slept.append)
-    user, records = make_user("tenant_burst", server.url, burst_size=2, align_s=20.0)
+    user, records = make_user(cls, server.url, **attributes)
     run_task(user)
-    assert slept[0] == pytest.approx(17.0) and len(records) == 2
-
-
-def test_aligned_critical_questions_ask_just_after_the_tick(
-    server: FakeServer, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """align_delay_s puts a question 0.3 s after each 2 s tick: at 103.5 s, 0.8 s away."""
-    from workloads.users import traffic
-
-    slept: list[float] = []
-    monkeypatch.setattr(traffic.time, "time", lambda: 103.5)
-    monkeypatch.setattr(traffic.gevent, "sleep", slept.append)
-    user, records = make_user("short_qa_critical", server.url, align_s=2.0, align_delay_s=0.3)
-    run_task(user)
-    assert slept[0] == pytest.approx(0.8) and len(records) == 1
+    assert slept[0] == pytest.approx(sleep_s) and len(records) == sent
 
 
 def test_an_aligned_burst_is_skipped_when_its_phase_ended_before_the_tick(
