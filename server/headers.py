@@ -25,6 +25,10 @@ DEBUG_TIMING_HEADER = "X-Kvgate-Debug-Timing"
 
 MAX_PREFIX_DIGITS = 9  # a prefix longer than any context window is clamped, never parsed big
 MAX_OFFSET_DIGITS = 18  # cursor offsets fit a signed 64-bit file offset
+# What is left of a request's queue deadline, in ms: sent only by the gateway (which may have
+# spent part of it on a replica that died), read by a replica only with the internal token.
+QUEUE_DEADLINE_HEADER = "X-Kvgate-Queue-Deadline-Ms"
+MAX_DEADLINE_DIGITS = 9
 _REQUEST_ID = re.compile(r"[\x21-\x7e]{1,200}")
 _DIGITS = re.compile(r"[0-9]+")
 # The scoped key joins tenant and request id with a tab, which a request id cannot contain.
@@ -91,6 +95,14 @@ def _prefix_tokens(raw: str | None) -> int | None:
             f"{MAX_PREFIX_DIGITS} ASCII digits (got '{_printable(raw)}')",
         )
     return int(raw)
+
+
+def queue_deadline_ms(raw: str | None, ceiling_ms: int) -> int | None:
+    """The gateway's remaining queue deadline (QUEUE_DEADLINE_HEADER), within
+    (0, ceiling_ms]; None when absent or not plain ASCII digits."""
+    if raw is None or not (_DIGITS.fullmatch(raw) and len(raw) <= MAX_DEADLINE_DIGITS):
+        return None
+    return max(1, min(int(raw), ceiling_ms))
 
 
 def parse_offset(raw: str, what: str) -> int:

@@ -21,9 +21,10 @@ from server.gateway.ledger import Ledger
 from server.gateway.routing import Router
 from server.gateway.supervisor import ReplicaProc, Supervisor
 from server.gateway.watchdog import HealthProbe, Watchdog
+from server.headers import QUEUE_DEADLINE_HEADER
 from server.metrics import GatewayMetrics
 from server.protocol import ApiError
-from server.replica.app import INTERNAL_TOKEN_HEADER, QUEUE_DEADLINE_HEADER
+from server.replica.app import INTERNAL_TOKEN_HEADER
 from server.scheduler.mutants import Mutant
 from server.tenants import Identity
 

@@ -16,9 +16,11 @@ from typing import Literal
 from aiohttp import web
 
 from server.headers import (
+    QUEUE_DEADLINE_HEADER,
     ClientHeaders,
     client_headers,
     parse_offset,
+    queue_deadline_ms,
     request_id,
     same_secret,
     scoped_key,
@@ -34,9 +36,6 @@ from server.scheduler import Outcome, PrefixSpec, Priority, SeqRequest
 from server.tenants import Identity
 
 INTERNAL_TOKEN_HEADER = "X-Kvgate-Internal-Token"
-# What is left of the request's queue deadline, in ms; sent only by the gateway (which may
-# have spent part of it on a replica that died) and read only with its internal token.
-QUEUE_DEADLINE_HEADER = "X-Kvgate-Queue-Deadline-Ms"
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 
 
@@ -109,10 +108,8 @@ class ReplicaHandlers:
         """The gateway's remaining deadline, within (0, the configured one]; else None."""
         if request.headers.get(INTERNAL_TOKEN_HEADER) is None:
             return None
-        raw = request.headers.get(QUEUE_DEADLINE_HEADER, "")
-        if not raw.isascii() or not raw.isdigit() or len(raw) > 9:
-            return None
-        return max(1, min(int(raw), self.rt.config.queue_deadline_ms))
+        raw = request.headers.get(QUEUE_DEADLINE_HEADER)
+        return queue_deadline_ms(raw, self.rt.config.queue_deadline_ms)
 
     def _new_stream(self, prep: _Prepared) -> Stream:
         spec = StreamSpec(
