@@ -113,7 +113,7 @@ MUTANTS: Final = MappingProxyType(
             ("preempted_complete",), "preempted requests are aborted instead of resumed"
         ),
         "preempt_by_age": MutantSpec(
-            ("ttft_critical_p95", "preempted_complete"),
+            ("critical_not_preempted", "ttft_critical_p95", "preempted_complete"),
             "victims are the newest running requests, whatever their priority or value",
         ),
         "batch_ignores_peak": MutantSpec(
@@ -159,6 +159,11 @@ SERVER_EVENT_KINDS: Final = (
     "replica_died",
     "oom",
 )
+
+# The reason a `preempted` event gives when the replica's own usage was past the hard
+# watermark (it could run out of memory): the one case in which the seed policy may take
+# critical work as a victim. Any other critical preemption breaks its victim order.
+PREEMPT_AT_RISK: Final = "at_risk"
 
 # -- one row per request --------------------------------------------------------------------
 

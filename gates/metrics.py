@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from gates import metrics_requests, metrics_security, metrics_server
+from gates import metrics_client, metrics_requests, metrics_security, metrics_server
 from gates.registry import REGISTRY, MetricDef, Observations
 
 __all__ = [
     "REGISTRY",
     "MetricDef",
     "Observations",
+    "metrics_client",
     "metrics_requests",
     "metrics_security",
     "metrics_server",

@@ -296,6 +296,43 @@ def preempted_completion(run: RunData, flt: GateFilter, params: Mapping[str, Any
     return Observations(frame=frame, n_samples=len(rows), notes=notes)
 
 
+@metric("critical_preemptions", filters=("tenant", "window"), unit="count", kind="count")
+def critical_preemptions(run: RunData, flt: GateFilter, params: Mapping[str, Any]) -> Observations:
+    """Preemptions that took critical work while its replica was not at risk of running out of
+    memory (reason other than contract.PREEMPT_AT_RISK): one row each; every preemption in
+    the window is examined. Victims come from the lower tiers first, so critical work is
+    touched only when the process itself is at risk."""
+    events = select(run.server_events, run, flt, "t", class_column=None)
+    if isinstance(events, str):
+        return Observations.none(events)
+    preempted = events[events["event"].eq("preempted")]
+    if preempted.empty:
+        return Observations.none(
+            "no request was preempted (or the server shows no per-request events), so the "
+            "choice of victims cannot be judged"
+        )
+    bad = preempted[
+        preempted["priority"].eq("critical") & preempted["reason"].ne(contract.PREEMPT_AT_RISK)
+    ]
+    frame = pd.DataFrame(
+        {
+            "value": 1.0,
+            "request_id": bad["request_id"].to_numpy(),
+            "t": bad["t"].to_numpy(dtype=float),
+            "tenant": bad["tenant"].to_numpy(),
+            "replica": bad["replica"].to_numpy(),
+            "detail": "critical request preempted (" + bad["reason"].astype(str).to_numpy() + ")",
+        }
+    )
+    by_priority = preempted["priority"].astype(str).value_counts()
+    notes = [
+        "preemptions by priority: " + ", ".join(f"{p} {n}" for p, n in by_priority.items()),
+    ]
+    if not bad.empty:
+        notes.append(f"{bad['request_id'].nunique()} distinct critical requests were victims")
+    return Observations(frame=frame, n_samples=len(preempted), notes=notes)
+
+
 @metric("explicit_refusal", filters=REQUEST_FILTERS, unit="fraction", kind="rate")
 def explicit_refusal(run: RunData, flt: GateFilter, params: Mapping[str, Any]) -> Observations:
     """Of requests the server did not serve: 1 when refused with 429/503 and Retry-After.

@@ -293,7 +293,7 @@ def _drift_after(drift: pd.DataFrame, kills: pd.DataFrame, grace_s: float) -> pd
     filters=("tenant",),
     unit="count",
     kind="count",
-    params={"peak_ratio_max": 0.2, "starve_after_s": 5.0},
+    params={"peak_ratio_max": 0.2, "starve_after_s": 5.0, "settle_s": 1.0},
 )
 def batch_peak_trough(run: RunData, flt: GateFilter, params: Mapping[str, Any]) -> Observations:
     """Phases where batch admission misbehaved: admitting at peak, or starving in a trough.
@@ -305,6 +305,11 @@ def batch_peak_trough(run: RunData, flt: GateFilter, params: Mapping[str, Any]) 
     offered no batch work at all, is unsure. A trough starves when batch requests were
     waiting in it for `starve_after_s` or more — sent, neither admitted nor ended before —
     and it admitted none. An empty queue is no starvation.
+
+    Batch requests sent in the first `settle_s` of a phase count in neither share: the change
+    of phase takes a few scheduler steps (trough-only work ends and frees its room before the
+    peak's online requests have reached the replicas), and a request that slips in then says
+    nothing about how the queue behaves once the phase has begun.
     """
     spans = phases(run)
     peaks = [p for p in spans if p["name"] == "peak"]
@@ -324,10 +329,12 @@ def batch_peak_trough(run: RunData, flt: GateFilter, params: Mapping[str, Any]) 
     t_admit = batch["request_id"].map(first_admitted).to_numpy(dtype=float)
     t_send = batch["t_send"].to_numpy(dtype=float)
 
+    settle = float(params["settle_s"])
+
     def offered(span: Mapping[str, Any]) -> tuple[int, int]:
-        """(batch requests sent in the phase, those of them admitted before it ended)."""
+        """(batch requests sent in the phase once it settled, those admitted before it ended)."""
         t0, t1 = float(span["t0"]), float(span["t1"])
-        sent = (t_send >= t0) & (t_send < t1)
+        sent = (t_send >= t0 + settle) & (t_send < t1)
         return int(sent.sum()), int((sent & (t_admit < t1)).sum())
 
     trough_sent = sum(offered(p)[0] for p in troughs)

@@ -331,12 +331,12 @@ def _events(
     released = pd.DataFrame({**common, "t": t_release, "event": "released"})
     released = released.assign(blocks=blocks, reserved_tokens=0, used_tokens=used)
     lost = flavour == "oom"  # the naive policy loses preempted work; the seed policy finishes it
-    pre = (rng.random(n) < 0.15) & (
+    pre = (rng.random(n) < 0.17) & (
         held["outcome"].eq("ok").to_numpy() | (lost & (rng.random(n) < 0.3))
     )
-    preempted = admitted[pre].assign(
-        event="preempted", t=t_admit[pre] + 0.5, reason="value_function"
-    )
+    # the seed policy takes its victims below the critical tier; the naive one takes anyone
+    pre &= held["priority"].ne("critical").to_numpy() | lost
+    preempted = admitted[pre].assign(event="preempted", t=t_admit[pre] + 0.5, reason="pressure")
     parts = [admitted, released, preempted]
     if flavour == "oom":
         parts.append(_oom_rows(line.fault_t - 5.0))

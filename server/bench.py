@@ -1,6 +1,8 @@
 """`kvgate bench server` (= `python -m server.bench`): how many token events one replica
 process writes per second at 500 concurrent streams, how far its steps fall behind the
-simulated GPU's clock, and its CPU cost per 1,000 token events.
+simulated GPU's clock, and its CPU cost per 1,000 token events. With `--hostile`, the
+hostile-input benchmark instead (server/bench_hostile.py; `--hostile --help` lists its
+options).
 
 One replica process (seed policy, sim engine) and one separate reader process that keeps
 `--streams` streams open (closed loop: a finished stream is replaced at once) and only counts
@@ -210,7 +212,18 @@ def _measure_against(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    rest = list(sys.argv[1:] if argv is None else argv)
+    if "--hostile" in rest:
+        rest.remove("--hostile")
+        from server import bench_hostile
+
+        return bench_hostile.main(rest)
     parser = argparse.ArgumentParser(prog="kvgate bench server", description=__doc__)
+    parser.add_argument(
+        "--hostile",
+        action="store_true",
+        help="run the hostile-input benchmark instead (its options: --hostile --help)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--streams", type=int, default=500)
     parser.add_argument("--warmup", type=float, default=4.0, help="seconds before measuring")
@@ -223,7 +236,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="the replica's --time-scale (0.5: an H100 step model twice as fast, so the GPU "
         "model is not what limits events/s)",
     )
-    args = parser.parse_args(argv)
+    args = parser.parse_args(rest)
     if not (1 <= args.streams <= 5000 and args.window > 0 and args.warmup >= 0):
         parser.error("need 1 <= --streams <= 5000, --window > 0, --warmup >= 0")
     result = measure(args)

@@ -1,4 +1,5 @@
-"""`python -m server.bench_hostile`: hostile input against a running reference deployment.
+"""`kvgate bench server --hostile` (= `python -m server.bench_hostile`): hostile input
+against a fresh reference deployment.
 
 Owns the fixed corpus of hostile requests (the robustness tests send the same one), a raw
 HTTP/1.1 client that can send bytes no HTTP library will (bad framing, non-UTF-8 headers),
@@ -373,7 +374,7 @@ def measure(args: argparse.Namespace) -> dict[str, object]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m server.bench_hostile", description=__doc__)
+    parser = argparse.ArgumentParser(prog="kvgate bench server --hostile", description=__doc__)
     parser.add_argument("--cases", type=int, default=600, help="hostile requests (>= corpus)")
     parser.add_argument("--seed", type=int, default=13, help="seed of the random mutations")
     parser.add_argument("--health-seconds", type=float, default=10.0)

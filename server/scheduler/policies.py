@@ -12,6 +12,7 @@ import enum
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+import contract
 from server.scheduler.config import SchedulerConfig
 from server.scheduler.mutants import Mutant
 from server.scheduler.sequence import Sequence
@@ -168,10 +169,11 @@ class SeedPolicy(Policy):
         )
         if s.mutant is Mutant.PREEMPT_BY_AGE:  # the bug: newest first, whatever it is
             victims = sorted(s.running(), key=lambda q: q.arrival, reverse=True)
+        reason = contract.PREEMPT_AT_RISK if s.at_risk else "pressure"
         for victim in victims:
             if s.committed_blocks <= limit:
                 break
-            s.preempt(victim, "pressure")
+            s.preempt(victim, reason)
             preempted.append(victim.request_id)
         return preempted, shed
 

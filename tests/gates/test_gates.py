@@ -303,6 +303,30 @@ def test_preempted_requests_dropped_by_a_live_replica_do_not_complete(judge: Jud
     assert result.n_samples == 401 and result.value < 1.0
 
 
+def victims(batch: int, critical: int = 0, reason: str = "pressure") -> RunBuilder:
+    b = RunBuilder()
+    for i in range(batch):
+        b.event("preempted", 30, request_id=f"b{i}", priority="batch", reason="pressure")
+    for i in range(critical):
+        b.event("preempted", 31, request_id=f"c{i}", priority="critical", reason=reason)
+    return b
+
+
+def test_critical_work_is_preempted_only_at_risk(judge: Judge) -> None:
+    assert gate(judge(victims(30)), "critical_not_preempted").status == Status.PASS
+    assert gate(judge(victims(29)), "critical_not_preempted").status == Status.MARGINAL
+    at_risk = gate(judge(victims(30, critical=2, reason="at_risk")), "critical_not_preempted")
+    assert at_risk.status == Status.PASS and at_risk.n_samples == 32
+    result = gate(judge(victims(30, critical=2)), "critical_not_preempted")
+    assert result.status == Status.FAIL and result.value == 2
+    assert result.evidence[0]["request_id"] == "c0"
+
+
+def test_no_preemption_leaves_the_victim_order_unjudged(judge: Judge) -> None:
+    result = gate(judge(preempted(0).request("q")), "critical_not_preempted")
+    assert result.status == Status.INVALID and "no request was preempted" in result.message
+
+
 def test_memory_must_return_to_idle(judge: Judge) -> None:
     def run(after: float) -> RunBuilder:
         b = RunBuilder().sample("kvgate_pool_blocks_total", 1000, 5)
@@ -369,7 +393,7 @@ def batch_run(peak: int, trough: int, waiting: int = 1, offered: int = 40) -> Ru
     """Two peaks [10, 30], [50, 70] and two troughs [30, 50], [70, 90]. Each peak is offered
     `offered` batch requests and admits `peak` of them (the rest are refused with 503); each
     trough is offered and admits `trough`; `waiting` batch requests sent at 5 s were never
-    admitted."""
+    admitted. Requests are sent from 2 s into each phase, once it has settled."""
     b = RunBuilder()
     t0 = b.meta["t_start"]
     b.meta["phases"] = [
@@ -386,7 +410,7 @@ def batch_run(peak: int, trough: int, waiting: int = 1, offered: int = 40) -> Ru
     ):
         for i in range(sent):
             rid = f"{kind}{start}-{i}"
-            t = start + 0.1 * i
+            t = start + 2 + 0.1 * i
             if i < admitted:
                 b.request(rid, t=t, priority="batch", traffic_class="batch", e2e_s=1.0)
                 b.event("admitted", t + 0.05, request_id=rid, priority="batch")
@@ -421,6 +445,25 @@ def test_an_empty_trough_queue_is_not_starvation(judge: Judge) -> None:
     result = gate(judge(b), "batch_stops_at_peak")
     assert result.status == Status.MARGINAL and result.breaches == 0
     assert "starved" not in result.message and "either way" in result.message
+
+
+def test_batch_sent_while_a_phase_settles_counts_in_neither_share(judge: Judge) -> None:
+    """Room freed by trough work ending lets batch in before the peak's online requests
+    arrive: requests sent in the first second of a phase are not evidence either way."""
+    b = batch_run(0, 40)
+    for start in (10, 50):
+        for i in range(20):
+            rid = f"edge{start}-{i}"
+            b.request(rid, t=start + 0.04 * i, priority="batch", traffic_class="batch", e2e_s=1)
+            b.event("admitted", start + 0.9, request_id=rid, priority="batch")
+    assert gate(judge(b), "batch_stops_at_peak").status == Status.PASS
+    late = batch_run(0, 40)
+    for start in (10, 50):
+        for i in range(20):
+            rid = f"late{start}-{i}"
+            late.request(rid, t=start + 1.1 + 0.04 * i, priority="batch", traffic_class="batch")
+            late.event("admitted", start + 2.0, request_id=rid, priority="batch")
+    assert gate(judge(late), "batch_stops_at_peak").status == Status.FAIL
 
 
 def test_a_peak_with_too_few_requests_to_tell_is_not_a_breach(judge: Judge) -> None:

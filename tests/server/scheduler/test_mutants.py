@@ -102,11 +102,17 @@ def test_preempt_by_age_takes_the_newest_even_when_it_is_critical(mutant: Mutant
         Outcome.ADMIT
     )
     plan = step(s, clock)
-    assert plan.preempted
+    assert plan.preempted and not s.at_risk
+    victims = [(e.priority, e.reason) for e in s.drain_events() if e.event == "preempted"]
+    # What the victim-order gate reads: a critical victim whose replica was not at risk.
+    critical = [r for p, r in victims if p is Priority.CRITICAL]
+    assert all(r == "pressure" for _, r in victims)
     if mutant is None:
         assert "crit" not in plan.preempted and s.state("crit") is SeqState.RUNNING
+        assert not critical
     else:
         assert plan.preempted[0] == "crit" and s.state("crit") is SeqState.PREEMPTED
+        assert critical
 
 
 @pytest.mark.parametrize("mutant", [None, Mutant.BATCH_IGNORES_PEAK])

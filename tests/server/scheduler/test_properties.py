@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import contract
 from server.scheduler import Outcome, PrefixSpec, Priority, Scheduler, SeqState
 from server.scheduler.sequence import Sequence
 from server.scheduler.victims import TIER_STREAMED, tier
@@ -159,6 +160,10 @@ def one_step(
     s.commit(plan, done)
     for rid in plan.preempted:
         assert s.state(rid) is SeqState.PREEMPTED
+    if s.policy.name == "seed":  # critical victims only when the replica itself is at risk
+        for e in s.drain_events():
+            if e.event == "preempted" and e.priority is Priority.CRITICAL:
+                assert e.reason == contract.PREEMPT_AT_RISK
     for rid in done:
         seq = s.running_seq(rid)
         assert seq is None or seq.prefilling, "a finished request must release in commit"

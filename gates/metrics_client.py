@@ -1,0 +1,119 @@
+"""Client-side metrics: what the load generator saw, valid for every target.
+
+They need nothing from the server but its answers, so a server that exposes no telemetry
+at all still gets a verdict from them. A request counts as *failed* when the server did not
+serve it and did not refuse it explicitly:
+
+- it ended in an error, a timeout, a disconnect or a protocol error;
+- it got a 5xx, except a 503 with Retry-After (load shed on purpose: the refusal gate judges
+  those);
+- it got a 4xx other than 429: the server could not serve what the plan sends (a wrong model
+  name, an unknown field, a prompt too long), which must never pass silently.
+
+Left out: requests the client cancelled, the security probes (whose refusals are their
+point), and requests cut short by an injected fault or the end of the load (`cut_short`:
+the failover gate judges those).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import pandas as pd
+
+import contract
+from gates.metrics_requests import REQUEST_FILTERS, _describe, _evidence, cut_short
+from gates.registry import Observations, metric
+from gates.rundir import RunData
+from gates.spec import GateFilter
+from gates.windows import select
+
+FAILED_ENDINGS = ("error", "timeout", "disconnected", "protocol_error")
+TOP_ERRORS = 5
+
+
+def _judged(run: RunData, flt: GateFilter) -> tuple[pd.DataFrame, list[str]] | str:
+    """The requests these metrics judge, and notes on what was left out (or why none)."""
+    rows = select(run.requests, run, flt, "t_send")
+    if isinstance(rows, str):
+        return rows
+    probes = rows["probe"].notna() if "probe" in rows else pd.Series(False, index=rows.index)
+    cancelled = rows["outcome"].eq("cancelled")  # only ever the client's doing
+    cut = cut_short(run, rows)
+    kept = rows[~probes & ~cancelled & ~cut]
+    notes = []
+    if cut.any():
+        notes.append(
+            f"{int(cut.sum())} requests cut short by an injected fault or the end of the load "
+            "left out (the failover gate judges them)"
+        )
+    if kept.empty:
+        return f"no {_describe(flt)} request that the client did not cancel was sent"
+    return kept, notes
+
+
+def failed(rows: pd.DataFrame) -> pd.Series:
+    """True for each request the server neither served nor refused explicitly."""
+    status = rows["http_status"]
+    shed = status.isin(contract.RETRY_STATUSES) & rows["retry_after_s"].notna()
+    server_error = status.ge(500) & ~shed
+    client_error = status.ge(400) & status.lt(500) & status.ne(429)
+    ended_badly = rows["outcome"].isin(FAILED_ENDINGS)
+    return (ended_badly | server_error | client_error).fillna(False).astype(bool)
+
+
+def _why(rows: pd.DataFrame) -> pd.Series:
+    """One short label per request: its outcome, status and error code or message."""
+    status = rows["http_status"].map(lambda s: "" if pd.isna(s) else f" HTTP {int(s)}")
+    code = rows["error_code"].fillna(rows["error_message"]).fillna("").astype(str).str[:80]
+    return rows["outcome"].astype(str) + status + (" " + code).where(code.ne(""), "")
+
+
+def breakdown(rows: pd.DataFrame, bad: pd.Series) -> list[str]:
+    """Per traffic class: how many failed of how many, and the commonest reasons."""
+    lines = []
+    for klass, group in rows.groupby("traffic_class", sort=True):
+        hit = bad[group.index]
+        if not hit.any():
+            continue
+        reasons = _why(group[hit]).value_counts().head(TOP_ERRORS)
+        top = "; ".join(f"{n} {label}" for label, n in reasons.items())
+        lines.append(f"{klass}: {int(hit.sum())} of {len(group)} failed ({top})")
+    return lines
+
+
+@metric("availability", filters=REQUEST_FILTERS, unit="fraction", kind="rate")
+def availability(run: RunData, flt: GateFilter, params: Mapping[str, Any]) -> Observations:
+    """1 per request the server served or refused explicitly (429, or 503 with Retry-After);
+    0 per failed request (see the module docstring). The notes break failures down by class."""
+    judged = _judged(run, flt)
+    if isinstance(judged, str):
+        return Observations.none(judged)
+    rows, notes = judged
+    bad = failed(rows)
+    frame = _evidence(rows, (~bad).astype(float), "t_send")
+    frame["detail"] = frame["detail"] + " " + _why(rows).to_numpy()
+    return Observations(frame=frame, n_samples=len(rows), notes=breakdown(rows, bad) + notes)
+
+
+@metric(
+    "timeouts_disconnects",
+    filters=REQUEST_FILTERS,
+    unit="fraction",
+    kind="rate",
+)
+def timeouts_disconnects(run: RunData, flt: GateFilter, params: Mapping[str, Any]) -> Observations:
+    """1 per request that timed out or whose connection dropped mid-answer, else 0: the
+    failures a client cannot tell from a hung server (use `rate`)."""
+    judged = _judged(run, flt)
+    if isinstance(judged, str):
+        return Observations.none(judged)
+    rows, notes = judged
+    hit = rows["outcome"].isin(("timeout", "disconnected"))
+    frame = _evidence(rows, hit.astype(float), "t_send")
+    frame["detail"] = frame["detail"] + " " + _why(rows).to_numpy()
+    counts = rows.loc[hit, "outcome"].value_counts()
+    if not counts.empty:
+        notes = [", ".join(f"{n} {o}" for o, n in counts.items()), *breakdown(rows, hit), *notes]
+    return Observations(frame=frame, n_samples=len(rows), notes=notes)

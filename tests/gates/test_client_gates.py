@@ -1,0 +1,77 @@
+"""The client-side gates: availability and timeouts/disconnects, judged from answers alone."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from gates.verdict import Status, Verdict
+from tests.gates.builder import RunBuilder
+from tests.gates.conftest import gate
+
+Judge = Callable[[RunBuilder], Verdict]
+
+
+def served(n: int, b: RunBuilder | None = None, klass: str = "short_qa") -> RunBuilder:
+    b = b or RunBuilder()
+    for i in range(n):
+        b.request(f"{klass}{i}", t=20 + i * 0.01, traffic_class=klass, ttft_s=0.1, e2e_s=0.5)
+    return b
+
+
+def test_a_clean_run_is_available_with_enough_evidence(judge: Judge) -> None:
+    result = gate(judge(served(400)), "availability")
+    assert result.status == Status.PASS and result.n_samples == 400
+    thin = gate(judge(served(50)), "availability")
+    assert thin.status == Status.INVALID and "needs >=" in thin.message
+
+
+def test_forty_percent_refused_connections_fail_the_run_and_name_the_errors(judge: Judge) -> None:
+    b = served(300)
+    for i in range(200):
+        b.request(
+            f"x{i}", outcome="error", http_status=None, error_code="connect_error",
+            error_message="Connection refused",
+        )  # fmt: skip
+    verdict = judge(b)
+    result = gate(verdict, "availability")
+    assert result.status == Status.FAIL and result.value == 0.6
+    assert verdict.status == Status.FAIL and verdict.exit_code == 3
+    assert any("200 of 500 failed" in n and "connect_error" in n for n in result.notes)
+
+
+def test_wrong_model_400s_are_failures_but_429_and_shed_503_are_refusals(judge: Judge) -> None:
+    b = served(400)
+    for i in range(100):
+        b.request(f"q{i}", outcome="rejected", http_status=429, retry_after_s=1.0)
+        b.request(f"s{i}", outcome="rejected", http_status=503, retry_after_s=1.0)
+    assert gate(judge(b), "availability").status == Status.PASS
+    for i in range(50):
+        b.request(f"m{i}", outcome="rejected", http_status=400, error_code="model_not_found")
+        b.request(f"u{i}", outcome="rejected", http_status=503)  # no Retry-After: a failure
+    result = gate(judge(b), "availability")
+    assert result.status == Status.FAIL and result.value == 600 / 700
+    assert any("model_not_found" in n for n in result.notes)
+
+
+def test_client_cancels_probes_and_fault_cut_requests_are_left_out(judge: Judge) -> None:
+    b = served(400).fault(30.0, target="r0")
+    for i in range(30):
+        b.request(f"c{i}", outcome="cancelled", cancel_at=21.0)
+        b.request(f"p{i}", outcome="rejected", http_status=403, probe="escalation")
+        b.request(
+            f"k{i}", t=29, outcome="error", error_code="replica_failed", replica="r0", e2e_s=1.5
+        )
+    result = gate(judge(b), "availability")
+    assert result.status == Status.PASS and result.n_samples == 400
+    assert any("30 requests cut short" in n for n in result.notes)
+
+
+def test_timeouts_and_disconnects_have_their_own_rate(judge: Judge) -> None:
+    b = served(400)
+    assert gate(judge(b), "timeouts_disconnects").status == Status.PASS
+    for i in range(10):
+        b.request(f"t{i}", outcome="timeout")
+        b.request(f"d{i}", outcome="disconnected")
+    result = gate(judge(b), "timeouts_disconnects")
+    assert result.status == Status.FAIL and result.value == 20 / 420
+    assert "10 timeout" in result.notes[0] and "10 disconnected" in result.notes[0]
