@@ -212,3 +212,31 @@ TTFT_CRITICAL_P95_S: Final = 0.9  # p95 time to first token of critical traffic,
 CANCEL_RELEASE_P99_S: Final = 2.0  # p99 cancel to blocks released, under
 TENANT_MAX_SHARE: Final = 0.15  # no tenant holds more of the KV pool than this
 PREEMPTED_COMPLETION_MIN: Final = 0.99  # share of preempted requests that finish, above
+
+# -- faults ---------------------------------------------------------------------------------
+# A plan's `faults[].kind`, and the faults table's `kind`. The replica kinds act through the
+# reference gateway's admin API, so they need the reference deployment; the others act on
+# processes, commands or the network path, and work against any target.
+REPLICA_FAULT_KINDS: Final = ("kill", "pause", "kill_during_storm")
+FAULT_KINDS: Final = (*REPLICA_FAULT_KINDS, "signal", "command", "network")
+# Replica kinds that end the replica's process (its reservations die with it).
+KILL_FAULT_KINDS: Final = ("kill", "kill_during_storm")
+# Replica kinds that freeze the replica's process (SIGSTOP) until their rollback.
+PAUSE_FAULT_KINDS: Final = ("pause",)
+# The signals a `signal` fault may send (without the SIG prefix); after the fatal ones the
+# process is gone (the gates count a death of the fault's target), STOP freezes it.
+FAULT_SIGNALS: Final = ("KILL", "TERM", "STOP", "CONT", "INT", "HUP")
+FATAL_SIGNALS: Final = ("KILL", "TERM")
+# A `network` fault's toxics (harness/netproxy.py, toxiproxy's semantics) and the attributes
+# each takes; the breaking ones end or stall connections outright rather than slowing them.
+TOXIC_ATTRIBUTES: Final = MappingProxyType(
+    {
+        "latency": ("latency", "jitter"),  # each chunk held latency +- jitter ms
+        "bandwidth": ("rate",),  # KB/s, > 0
+        "reset_peer": ("timeout",),  # the next chunk held this many ms, then TCP RST
+        "timeout": ("timeout",),  # data dropped; closed after this many ms (0: never)
+        "slow_close": ("delay",),  # a close passed on this many ms late
+    }
+)
+TOXIC_TYPES: Final = tuple(TOXIC_ATTRIBUTES)
+BREAKING_TOXICS: Final = ("reset_peer", "timeout")

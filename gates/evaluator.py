@@ -25,6 +25,7 @@ import numpy as np
 import pandas as pd
 
 from gates import schema
+from gates.applicability import not_applicable
 from gates.estimate import Estimate, Reading, estimate, needs_n, read
 from gates.junit import write_junit
 from gates.metrics import REGISTRY, Observations
@@ -41,10 +42,11 @@ def evaluate(run: RunData, gate_file: GateFile, gates_path: str = "builtin") -> 
     """Judge every gate of `gate_file` over `run`; writes nothing."""
     results = [judge(run, gate) for gate in gate_file.gates]
     problems = run_problems(run.meta)
+    applied = [g for g in results if g.status != Status.NA]
     # The score is over the gates that could judge: a gate without data is not a failure
     # (it makes the run INVALID when key, MARGINAL otherwise), so it must not drag the run
-    # below the floor either.
-    judged = [g for g in results if g.status != Status.INVALID]
+    # below the floor either. N/A gates are out of the verdict altogether.
+    judged = [g for g in applied if g.status != Status.INVALID]
     total_weight = sum(g.weight for g in judged)
     score = sum(SCORE[g.status] * g.weight for g in judged) / total_weight if judged else 0.0
     unjudged_key = [g.id for g in results if g.key and g.status == Status.INVALID]
@@ -61,7 +63,7 @@ def evaluate(run: RunData, gate_file: GateFile, gates_path: str = "builtin") -> 
         or score < gate_file.fail_score_below
     ):
         status = Status.FAIL
-    elif any(g.status != Status.PASS for g in results):
+    elif any(g.status != Status.PASS for g in applied):
         status = Status.MARGINAL
     else:
         status = Status.PASS
@@ -105,6 +107,10 @@ def run_problems(meta: dict[str, Any]) -> list[str]:
 
 def judge(run: RunData, gate: GateSpec) -> GateResult:
     definition = REGISTRY[gate.metric]
+    why_not = f"left out by the gate file: {gate.skip}" if gate.skip else None
+    why_not = why_not or not_applicable(run, gate.needs)
+    if why_not is not None:
+        return _result(gate, Status.NA, f"N/A: {why_not}", definition.unit)
     try:
         obs = definition.compute(run, gate.filter, gate.params)
     except (KeyError, ValueError, TypeError) as exc:
@@ -163,6 +169,27 @@ def judge(run: RunData, gate: GateSpec) -> GateResult:
     else:
         result.message = f"{shown}: meets {gate.pass_.text}"
     return result
+
+
+def _result(gate: GateSpec, status: Status, message: str, unit: str) -> GateResult:
+    """A result that judged nothing (an N/A gate)."""
+    return GateResult(
+        id=gate.id,
+        title=gate.title,
+        metric=gate.metric,
+        key=gate.key,
+        weight=gate.weight,
+        status=status,
+        statistic=gate.pass_.label,
+        threshold=gate.pass_.text,
+        warn=gate.warn.text if gate.warn else None,
+        value=None,
+        n_samples=0,
+        message=message,
+        filter=gate.filter.model_dump(exclude_none=True),
+        unit=unit,
+        confidence=gate.confidence,
+    )
 
 
 def _why_unproven(result: GateResult, obs: Observations) -> str:

@@ -51,7 +51,8 @@ def _headline(gate: GateResult) -> str:
 
 
 def write_junit(verdict: Verdict, path: Path) -> None:
-    """FAIL -> <failure>, INVALID -> <error>, MARGINAL -> passing case whose output says so."""
+    """FAIL -> <failure>, INVALID -> <error>, N/A -> <skipped> with the reason, MARGINAL ->
+    passing case whose output says so."""
     failures = sum(g.status == Status.FAIL for g in verdict.gates)
     errors = sum(g.status == Status.INVALID for g in verdict.gates) + bool(verdict.run_problems)
     suite = ET.Element(
@@ -60,7 +61,7 @@ def write_junit(verdict: Verdict, path: Path) -> None:
         tests=str(len(verdict.gates) + 1),
         failures=str(failures),
         errors=str(errors),
-        skipped="0",
+        skipped=str(len(verdict.not_applicable)),
     )
     props = ET.SubElement(suite, "properties")
     ET.SubElement(props, "property", name="verdict", value=str(verdict.status))
@@ -89,6 +90,8 @@ def write_junit(verdict: Verdict, path: Path) -> None:
             ET.SubElement(case, "failure", message=message, type="FAIL").text = text
         elif gate.status == Status.INVALID:
             ET.SubElement(case, "error", message=message, type="INVALID").text = text
+        elif gate.status == Status.NA:
+            ET.SubElement(case, "skipped", message=gate.message)
         else:
             ET.SubElement(case, "system-out").text = f"{gate.status}: {text}"
     ET.indent(suite)

@@ -53,6 +53,17 @@ def _judged(run: RunData, flt: GateFilter) -> tuple[pd.DataFrame, list[str]] | s
     return kept, notes
 
 
+def request_failed(outcome: str, http_status: float | None, retry_after_s: float | None) -> bool:
+    """One request's `failed`, for code that sees requests one at a time (the run's early
+    stop); `failed` below is the same rule over a table."""
+    if outcome in FAILED_ENDINGS:
+        return True
+    if http_status is None or http_status != http_status:  # None or NaN: no status
+        return False
+    shed = http_status in contract.RETRY_STATUSES and retry_after_s is not None
+    return (http_status >= 500 and not shed) or (400 <= http_status < 500 and http_status != 429)
+
+
 def failed(rows: pd.DataFrame) -> pd.Series:
     """True for each request the server neither served nor refused explicitly."""
     status = rows["http_status"]
@@ -65,7 +76,9 @@ def failed(rows: pd.DataFrame) -> pd.Series:
 
 def _why(rows: pd.DataFrame) -> pd.Series:
     """One short label per request: its outcome, status and error code or message."""
-    status = rows["http_status"].map(lambda s: "" if pd.isna(s) else f" HTTP {int(s)}")
+    if rows.empty:
+        return pd.Series([], dtype=object)
+    status = rows["http_status"].map(lambda s: "" if pd.isna(s) else f" HTTP {int(s)}").astype(str)
     code = rows["error_code"].fillna(rows["error_message"]).fillna("").astype(str).str[:80]
     return rows["outcome"].astype(str) + status + (" " + code).where(code.ne(""), "")
 

@@ -19,11 +19,13 @@ from gates.registry import Observations, metric
 from gates.rundir import RunData
 from gates.spec import GateFilter
 from gates.windows import (
-    KILL_KINDS,
+    broken_by_network,
     counter_increase,
     in_intervals,
     isin,
     label_value,
+    process_faults,
+    replica_deaths,
     resolve_window,
     select,
 )
@@ -183,10 +185,9 @@ def _death_after(
     deaths = pd.concat(
         [
             events.loc[events["event"].isin(("replica_died", "oom")), ["replica", "t"]],
-            run.faults.loc[
-                run.faults["kind"].isin(KILL_KINDS) & run.faults["t_start"].notna(),
-                ["target", "t_start"],
-            ].rename(columns={"target": "replica", "t_start": "t"}),
+            replica_deaths(run.faults)[["target", "t_start"]].rename(
+                columns={"target": "replica", "t_start": "t"}
+            ),
         ],
         ignore_index=True,
     ).dropna()
@@ -237,17 +238,18 @@ DEATH_SLACK_S = 3.0
 
 
 def cut_short(run: RunData, rows: pd.DataFrame) -> pd.Series:
-    """Requests that never had their chance: the load generator stopped them, or the
-    gateway reported their replica failed and that replica did die or freeze (an injected
-    kill or pause, an OOM, a crash) while they were in flight. A "replica failed" with no
-    such fault behind it is a server that dropped the request, judged like any failure."""
-    stopped = rows["error_code"].eq("user_stopped")
+    """Requests that never had their chance: the load generator stopped them, an injected
+    network fault broke or stalled their connection, or the gateway reported their replica
+    failed and that replica did die or freeze (an injected kill, pause, signal or command,
+    an OOM, a crash) while they were in flight. A "replica failed" with no such fault behind
+    it is a server that dropped the request, judged like any failure."""
+    stopped = rows["error_code"].eq("user_stopped") | broken_by_network(run, rows, DEATH_SLACK_S)
     failed = rows["error_code"].eq("replica_failed")
     if not failed.any():
         return stopped
     events = run.server_events
     lifecycle = events[events["event"].isin(("replica_died", "oom"))]
-    faults = run.faults.rename(columns={"target": "replica", "t_start": "t"})
+    faults = process_faults(run.faults).rename(columns={"target": "replica", "t_start": "t"})
     deaths = pd.concat([lifecycle[["replica", "t"]], faults[["replica", "t"]]]).dropna(subset=["t"])
     t0 = rows["t_send"].to_numpy(dtype=float)
     t1 = t0 + rows["e2e_s"].fillna(0.0).to_numpy(dtype=float) + DEATH_SLACK_S

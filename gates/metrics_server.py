@@ -13,17 +13,18 @@ import numpy as np
 import pandas as pd
 from scipy.stats import beta
 
+from contract import servers
 from gates import stats
 from gates.registry import Observations, metric
 from gates.rundir import RunData
 from gates.spec import GateFilter
 from gates.windows import (
-    KILL_KINDS,
     counter_increase,
     in_intervals,
     isin,
     label_value,
     phases,
+    replica_deaths,
     resolve_window,
     select,
 )
@@ -38,6 +39,12 @@ MEMORY_FAMILIES = (
         "kvgate_sim_gpu_memory_total_bytes",
     ),
     ("KV pool blocks", "kvgate_pool_used_blocks", "kvgate_pool_blocks_total"),
+    # A server's own KV-usage gauge (contract/profiles/), already a share of its pool.
+    *(
+        (f"KV cache usage ({name})", name, None)
+        for name in servers.metric_names("kv_usage")
+        if not name.startswith("kvgate_")  # the reference pool is read in blocks, above
+    ),
 )
 
 
@@ -47,15 +54,23 @@ def _rows(value: Any, t: Any, replica: Any, detail: Any, **extra: Any) -> pd.Dat
 
 @metric("oom_events", filters=("window",), unit="count", kind="count")
 def oom_events(run: RunData, flt: GateFilter, params: Mapping[str, Any]) -> Observations:
-    """OOM signals: `oom` events, replica deaths blamed on OOM, increases of kvgate_oom_total."""
+    """OOM signals: `oom` events, replica deaths blamed on OOM, increases of kvgate_oom_total,
+    and answers whose error names an out-of-memory (how any server shows one to a client).
+    Every event, counter sample and request in the window is examined."""
     events = select(run.server_events, run, flt, "t", class_column=None)
     if isinstance(events, str):
         return Observations.none(events)
     samples = run.samples[run.samples["metric"].eq("kvgate_oom_total")]
     samples = select(samples, run, GateFilter(window=flt.window), "t", class_column=None)
-    assert not isinstance(samples, str)  # the same window resolved above
-    if events.empty and samples.empty:
-        return Observations.none("no server events and no kvgate_oom_total samples in the window")
+    answers = select(run.requests, run, GateFilter(window=flt.window), "t_send", class_column=None)
+    assert not isinstance(samples, str) and not isinstance(answers, str)  # same window
+    if events.empty and samples.empty and answers.empty:
+        return Observations.none(
+            "no server events, kvgate_oom_total samples or requests in the window"
+        )
+    said_oom = answers[
+        answers["error_message"].astype("string").str.contains(OOM_REASON, regex=True, na=False)
+    ]
     died = events["event"].eq("replica_died") & events["reason"].astype("string").str.contains(
         OOM_REASON, regex=True, na=False
     )
@@ -75,8 +90,20 @@ def oom_events(run: RunData, flt: GateFilter, params: Mapping[str, Any]) -> Obse
         parts.append(
             _rows(increases["increase"], increases["t_first"], increases["target"], detail)
         )
+    if not said_oom.empty:
+        detail = "answered: " + said_oom["error_message"].astype(str).str.slice(0, 160)
+        parts.append(_rows(1.0, said_oom["t_send"], said_oom["replica"], detail))
     frame = pd.concat(parts, ignore_index=True)
-    return Observations(frame=frame, n_samples=len(events) + len(samples))
+    notes = []
+    if events.empty and samples.empty:
+        notes.append(
+            "judged from the server's answers alone: this target showed no OOM events or "
+            "counters, so an OOM that only restarts the server shows as failed requests "
+            "(the availability gate)"
+        )
+    return Observations(
+        frame=frame, n_samples=len(events) + len(samples) + len(answers), notes=notes
+    )
 
 
 @metric("tenant_pool_share", filters=("tenant", "window"), unit="fraction", kind="trend")
@@ -160,8 +187,16 @@ def memory_return(run: RunData, flt: GateFilter, params: Mapping[str, Any]) -> O
         per_t = used.groupby(["target", "t"], sort=False)["value"].sum().reset_index()
         idle_level = per_t[in_intervals(per_t["t"], [idle])].groupby("target")["value"].median()
         after_level = per_t[in_intervals(per_t["t"], [after])].groupby("target")["value"].median()
-        totals = run.samples[run.samples["metric"].eq(total_name)].groupby("target")["value"].max()
-        capacity = totals.reindex(after_level.index).fillna(per_t.groupby("target")["value"].max())
+        if total_name is None:  # a usage share: its capacity is 1
+            capacity = pd.Series(1.0, index=after_level.index)
+        else:
+            totals = run.samples[run.samples["metric"].eq(total_name)]
+            capacity = (
+                totals.groupby("target")["value"]
+                .max()
+                .reindex(after_level.index)
+                .fillna(per_t.groupby("target")["value"].max())
+            )
         excess = ((after_level - idle_level) / capacity.replace(0, np.nan)).dropna()
         if excess.empty:
             continue
@@ -182,9 +217,12 @@ def memory_return(run: RunData, flt: GateFilter, params: Mapping[str, Any]) -> O
 )
 def failover_integrity(run: RunData, flt: GateFilter, params: Mapping[str, Any]) -> Observations:
     """Violations after replica kills: a request held on two replicas; ledger drift not 0."""
-    kills = run.faults[run.faults["kind"].isin(KILL_KINDS) & run.faults["t_start"].notna()]
+    kills = replica_deaths(run.faults)
     if kills.empty:
-        return Observations.none("no replica was killed in this run (faults table has no kill)")
+        return Observations.none(
+            "no replica was killed in this run (faults table has no kill, fatal signal or "
+            "successful command)"
+        )
     intervals = resolve_window(run, flt.window)
     if isinstance(intervals, str):
         return Observations.none(intervals)

@@ -57,12 +57,12 @@ SAMPLE_COLUMNS = (
 
 FAULT_COLUMNS = (
     "fault_id",  # str
-    "kind",  # kill | pause | kill_during_storm
-    "target",  # replica id
+    "kind",  # one of contract.FAULT_KINDS
+    "target",  # replica id, or a signal/command fault's `target` (pid:N, ...), or "proxy"
     "pid",  # int | None
     "t_start",  # float epoch s
     "t_end",  # float | None: when the rollback finished
-    "params",  # str: JSON of the fault's parameters
+    "params",  # str: JSON of the fault's parameters, plus what it learned (exit codes, ...)
     "outcome",  # ok | failed: <why>
     "rollback",  # str: what the rollback did (restarted, resumed, ...)
 )

@@ -19,6 +19,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 import contract
+from contract.servers import DATA_KINDS
 
 BUILTIN_GATES = Path(__file__).with_name("builtin.yaml")
 
@@ -148,11 +149,24 @@ class GateSpec(BaseModel):
     min_samples: int = Field(default=1, ge=1)
     params: dict[str, float | int | str | bool] = Field(default_factory=dict)
     description: str = ""
+    # Kinds of data the gate needs beyond the client's records (contract.servers.DATA_KINDS;
+    # "a|b": either). Against a target that gives none of one of them it is N/A.
+    needs: tuple[str, ...] = ()
+    # Set by a gate file that extends the built-in gates and leaves this one out: why. The
+    # gate is then N/A with that reason, so the report still shows it was not judged.
+    skip: str | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> GateSpec:
         from gates.metrics import REGISTRY  # the registry imports this module
 
+        for need in self.needs:
+            unknown = [kind for kind in need.split("|") if kind not in DATA_KINDS]
+            if unknown:
+                raise ValueError(
+                    f"needs: unknown kind of data {', '.join(unknown)}; known: "
+                    f"{', '.join(DATA_KINDS)}"
+                )
         definition = REGISTRY.get(self.metric)
         if definition is None:
             raise ValueError(
@@ -241,11 +255,40 @@ def load_gate_file(path: Path | None = None) -> GateFile:
         raise GateSpecError(f"gate file {source} is not valid YAML: {exc}") from exc
     if not isinstance(data, dict):
         raise GateSpecError(f"gate file {source} must be a mapping with a 'gates:' list")
+    if "extends" in data:
+        data = _extend(data, source)
     try:
         return GateFile.model_validate(data)
     except ValidationError as exc:
         problems = [f"  {_yaml_path(err['loc'], data)}: {_message(err)}" for err in exc.errors()]
         raise GateSpecError(f"gate file {source} is invalid:\n" + "\n".join(problems)) from exc
+
+
+def _extend(data: dict[str, Any], source: Path) -> dict[str, Any]:
+    """`extends: builtin`: the built-in gates, with `skip: {id: why}` left out (N/A, with the
+    reason) and `gates:` added or replacing a built-in gate of the same id; the built-in
+    thresholds stay in one place."""
+    if data.get("extends") != "builtin":
+        raise GateSpecError(f"gate file {source}: extends can only be 'builtin'")
+    skip = data.get("skip") or {}
+    if not isinstance(skip, dict) or not all(isinstance(v, str) and v for v in skip.values()):
+        raise GateSpecError(f"gate file {source}: skip maps gate ids to the reason, a string")
+    base = yaml.safe_load(BUILTIN_GATES.read_text(encoding="utf-8"))
+    known = {g["id"] for g in base["gates"]}
+    unknown = sorted(set(skip) - known)
+    if unknown:
+        raise GateSpecError(
+            f"gate file {source}: skip names no built-in gate: {', '.join(unknown)}; "
+            f"the built-in gates are {', '.join(sorted(known))}"
+        )
+    own = {g.get("id"): g for g in data.get("gates") or [] if isinstance(g, dict)}
+    gates = [
+        {**own.pop(g["id"], g), **({"skip": skip[g["id"]]} if g["id"] in skip else {})}
+        for g in base["gates"]
+    ]
+    merged = {k: v for k, v in data.items() if k not in ("extends", "skip", "gates")}
+    return {"fail_score_below": base.get("fail_score_below", 0.75), **merged,
+            "gates": [*gates, *own.values()]}  # fmt: skip
 
 
 def _yaml_path(loc: tuple[int | str, ...], data: dict[str, Any]) -> str:

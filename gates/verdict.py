@@ -13,12 +13,21 @@ class Status(StrEnum):
     MARGINAL = "MARGINAL"
     FAIL = "FAIL"
     INVALID = "INVALID"
+    # The gate does not apply to this target: it needs data the target cannot give. It is
+    # left out of the verdict and its score, and says why.
+    NA = "N/A"
 
 
 EXIT_CODES = {Status.PASS: 0, Status.FAIL: 3, Status.MARGINAL: 4, Status.INVALID: 5}
 EXIT_USAGE = 2
 # The weighted score is the share of gate weight that did not fail (MARGINAL is not a failure).
-SCORE = {Status.PASS: 1.0, Status.MARGINAL: 1.0, Status.FAIL: 0.0, Status.INVALID: 0.0}
+SCORE = {
+    Status.PASS: 1.0,
+    Status.MARGINAL: 1.0,
+    Status.FAIL: 0.0,
+    Status.INVALID: 0.0,
+    Status.NA: 0.0,  # never scored: N/A gates are left out of the score's weights
+}
 
 
 @dataclass(slots=True)
@@ -58,6 +67,8 @@ class GateResult:
 
     def value_text(self) -> str:
         """`p95 = 0.56 s [0.49, 0.71], n = 127`: the one way every output shows a gate's value."""
+        if self.status == Status.NA:
+            return "not applicable to this target"
         if self.value is None:
             return f"{self.statistic}: no data, n = {self.n_samples}"
         unit = " s" if self.unit == "s" else ""
@@ -107,8 +118,13 @@ class Verdict:
     def failed(self) -> list[GateResult]:
         """Gates that are not PASS, worst first (FAIL, INVALID, MARGINAL), key gates first."""
         order = {Status.FAIL: 0, Status.INVALID: 1, Status.MARGINAL: 2}
-        bad = [g for g in self.gates if g.status != Status.PASS]
+        bad = [g for g in self.gates if g.status not in (Status.PASS, Status.NA)]
         return sorted(bad, key=lambda g: (order[g.status], not g.key))
+
+    @property
+    def not_applicable(self) -> list[GateResult]:
+        """Gates left out because the target cannot give the data they need."""
+        return [g for g in self.gates if g.status == Status.NA]
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)

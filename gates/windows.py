@@ -6,17 +6,22 @@ did not record is reported as missing data, not widened to the whole run.
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
+from typing import Any
+
 import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
+import contract
 from gates.rundir import RunData
 from gates.spec import GateFilter
 
 Intervals = list[tuple[float, float]]
-# Fault kinds that end a replica process (its reservations die with it).
-KILL_KINDS = ("kill", "kill_during_storm")
+# The client's view of a connection that broke or stalled (no server's answer in it).
+BROKEN_OUTCOMES = ("disconnected", "timeout", "protocol_error")
 
 
 def resolve_window(run: RunData, window: str) -> Intervals | str:
@@ -42,6 +47,70 @@ def resolve_window(run: RunData, window: str) -> Intervals | str:
     ends = faults["t_end"].fillna(t1)
     spans = [(float(a), float(b)) for a, b in zip(faults["t_start"], ends, strict=True) if b >= a]
     return spans or "no fault has an end at or after its start"
+
+
+def process_faults(faults: pd.DataFrame) -> pd.DataFrame:
+    """Fault rows that acted on a server process and took effect (t_start set): every kind
+    but `network`, whose proxy sits in front of the target, not in it."""
+    return faults[faults["t_start"].notna() & faults["kind"].ne("network")]
+
+
+def replica_deaths(faults: pd.DataFrame) -> pd.DataFrame:
+    """Fault rows after which their target's process is gone (its reservations die with it):
+    kill and kill_during_storm, a signal KILL or TERM, and a command fault whose command
+    exited 0 (docker kill, kubectl delete pod, systemctl restart). `target` names the dead
+    replica as the plan named it."""
+    acted = process_faults(faults)
+    kinds = acted["kind"].astype(str).to_numpy()
+    params = [_params(p) for p in acted["params"]]
+    fatal = np.isin(kinds, contract.KILL_FAULT_KINDS)
+    fatal |= (kinds == "signal") & _each(
+        params, lambda p: p.get("signal") in contract.FATAL_SIGNALS
+    )
+    fatal |= (kinds == "command") & _each(params, lambda p: p.get("exit_code") == 0)
+    return acted[fatal]
+
+
+def connection_breaks(faults: pd.DataFrame, t_end: float) -> Intervals:
+    """When kvgate's proxy was resetting or stalling connections: the span of each network
+    fault with a breaking toxic (reset_peer, timeout), open ones until `t_end`."""
+    network = faults[faults["kind"].eq("network") & faults["t_start"].notna()]
+    params = [_params(p) for p in network["params"]]
+    breaking = network[
+        _each(params, lambda p: (p.get("toxic") or {}).get("type") in contract.BREAKING_TOXICS)
+    ]
+    ends = breaking["t_end"].fillna(t_end)
+    return [(float(a), float(b)) for a, b in zip(breaking["t_start"], ends, strict=True)]
+
+
+def broken_by_network(run: RunData, rows: pd.DataFrame, slack_s: float) -> pd.Series:
+    """Requests whose connection broke or stalled (BROKEN_OUTCOMES, or an error with no HTTP
+    status) while in flight during a connection break: the injected fault, not the server."""
+    spans = connection_breaks(run.faults, run.t_end)
+    if not spans:
+        return pd.Series(False, index=rows.index)
+    broken = rows["outcome"].isin(BROKEN_OUTCOMES) | (
+        rows["outcome"].eq("error") & rows["http_status"].isna()
+    )
+    t0 = rows["t_send"].to_numpy(dtype=float)
+    t1 = t0 + rows["e2e_s"].fillna(0.0).to_numpy(dtype=float) + slack_s
+    during = np.zeros(len(rows), dtype=bool)
+    for lo, hi in spans:
+        during |= (t0 <= hi) & (t1 >= lo)
+    return broken & pd.Series(during, index=rows.index)
+
+
+def _each(params: list[dict[str, Any]], test: Callable[[dict[str, Any]], bool]) -> np.ndarray:
+    return np.array([bool(test(p)) for p in params], dtype=bool)
+
+
+def _params(text: Any) -> dict[str, Any]:
+    """A faults row's `params` JSON ({} when absent or unreadable)."""
+    try:
+        value = json.loads(text) if isinstance(text, str) else {}
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 def phases(run: RunData) -> list[dict[str, float | str]]:

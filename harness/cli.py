@@ -22,7 +22,7 @@ commands:
   qualify PLAN [--runs N] [--mutants all|a,b] [--set K=V] [--json]
                         prove each gate catches its mutants; false alarms over N runs
   bench scheduler|server|client|analysis [--json]
-                        benchmarks of each stage
+                        benchmarks of each stage (`bench server --hostile`: hostile input)
   bench verdicts PLAN --runs N [--set K=V] [--json]
                         run a plan N times: the distribution of its verdicts
 
@@ -43,6 +43,7 @@ AS_PROCESS = {
 BENCHES_IN_PROCESS = {
     "client": "workloads.bench:main",
     "analysis": "reports.bench:main",
+    "proxy": "harness.netproxy_bench:main",
     "verdicts": "harness.repeat:main",
 }
 BENCHES_AS_PROCESS = {

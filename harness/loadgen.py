@@ -86,6 +86,7 @@ class LoadGenerator:
         self.workers: LocalWorkers | None = None
         self.collector: MasterCollector | None = None
         self.runner: Runner = self._create_runner()
+        self.hopeless: str | None = None  # why the load was stopped early, if it was
 
     def _create_runner(self) -> Runner:
         if not self.layout.distributed:
@@ -129,17 +130,44 @@ class LoadGenerator:
             self.runner.start_shape()
         else:
             self.runner.start(load.users, spawn_rate=load.spawn_rate)
-        deadline = time.monotonic() + duration_s
+        started = time.monotonic()
+        deadline = started + duration_s
         while time.monotonic() < deadline:
             gevent.sleep(WAIT_TICK_S)
             if self.env.shape_class is not None and self.runner.state == STATE_STOPPED:
                 break  # the shape ended the test itself
             if self.workers is not None and self.workers.alive() == 0:
                 raise RuntimeError("every local Locust worker process exited; see worker*.log")
+            self.hopeless = self._hopeless(time.monotonic() - started)
+            if self.hopeless:
+                log.warning("stopping the load early: %s", self.hopeless)
+                break
         self.stop_users()
 
+    def _hopeless(self, elapsed_s: float) -> str | None:
+        """Why the load should stop now: the target failed nearly every request in the first
+        seconds (nothing listening, a wrong model, every key refused). The run is still
+        judged and reported, and fails on availability; more load would only repeat it."""
+        early = self.plan.load.stop_if_failing
+        judged, failed = self.sink.judged, self.sink.failed
+        if early is None or elapsed_s > early.within_s or judged < early.min_requests:
+            return None
+        if failed < early.share * judged:
+            return None
+        return (
+            f"{failed} of the first {judged} requests failed within {elapsed_s:.0f} s "
+            f"(load.stop_if_failing: share {early.share:g} of at least {early.min_requests} "
+            f"in the first {early.within_s:g} s)"
+        )
+
     def stop_users(self) -> None:
-        """Stop users (in-flight requests get stop_timeout to end) and collect their records."""
+        """Stop users (in-flight requests get stop_timeout to end) and collect their records.
+
+        The shape's last phase ends here, when the load stops: the seconds its users spend
+        stopping are not part of that phase (a peak's queue drains into a stopped load)."""
+        finish = getattr(self.env.shape_class, "finish", None)
+        if callable(finish):
+            finish()
         self.runner.stop()
         if self.collector is not None:
             workers = len(self.collector.received) or self.layout.expect_workers

@@ -2,8 +2,8 @@
 
 `Orchestrator.run()` is the only sequence; `_teardown` always runs (Ctrl-C, errors) and
 stops what was started in reverse order: faults (their rollbacks), users, workers, the
-sampler process (after a last drain of the event log), the target. Then the JSON lines
-are compacted and meta.json gets everything a later reader needs.
+proxy of network faults, the sampler process (after a last drain of the event log), the
+target. Then the JSON lines are compacted and meta.json gets everything a later reader needs.
 """
 
 from __future__ import annotations
@@ -27,15 +27,17 @@ from rich.console import Console
 from gates import schema
 from gates.rundir import read_table
 from harness import rundir, summary
-from harness.faults import FaultScheduler, ReplicaAdmin
+from harness.faults import FaultScheduler, ProxyInPath, ReplicaAdmin, start_proxy_in_path
 from harness.loadgen import Distribution, LoadGenerator
-from harness.plan import Plan
+from harness.plan import ExternalTarget, Plan
 from harness.progress import Progress
+from harness.release_probe import ProbeSpec, run_probes
 from harness.samplers.nvml import describe_gpus, load_pynvml
 from harness.samplers.process import SamplerConfig
 from harness.sink import RecordSink
 from harness.target import ExternalDeployment, ReferenceDeployment, RunningTarget, make_deployment
 from harness.traffic import build_shape, build_user_classes
+from workloads.prompts import generator_for
 
 log = logging.getLogger(__name__)
 SAMPLER_STOP_TIMEOUT_S = 20.0
@@ -74,10 +76,12 @@ class Orchestrator:
         self.sink = RecordSink(self.requests)
         self.deployment: ReferenceDeployment | ExternalDeployment = make_deployment(plan, run_dir)
         self.target: RunningTarget | None = None
+        self.proxy: ProxyInPath | None = None  # only for plans with a network fault
         self.target_meta: dict[str, Any] = {}
         self.sampler: subprocess.Popen[bytes] | None = None
         self.loadgen: LoadGenerator | None = None
         self.faults: FaultScheduler | None = None
+        self.probe_rows: list[dict[str, object]] = []  # release probe rows, written at teardown
         self.progress: Progress | None = None
         self.shape: Any = None
         self.gpus: list[dict[str, Any]] = []
@@ -95,6 +99,7 @@ class Orchestrator:
             self._idle_before()
             self._load()
             self._idle_after()
+            self._release_probe()
             status = "completed"
         except KeyboardInterrupt as exc:
             status, error = "interrupted", f"interrupted ({exc or 'Ctrl-C'})"
@@ -110,6 +115,15 @@ class Orchestrator:
         self.console.print(f"kvgate: starting target ({self.plan.target.type})", highlight=False)
         self.target = self.deployment.start()
         self.target_meta = self.deployment.describe()
+        remote = self.layout.master_bind is not None
+        self.proxy = start_proxy_in_path(self.plan, self.target.base_url, remote_workers=remote)
+        if self.proxy is not None:
+            self.target_meta["proxy"] = self.proxy.describe()
+            self.console.print(
+                f"kvgate: traffic goes through kvgate's proxy at {self.proxy.traffic_url} "
+                "(the plan has network faults)",
+                highlight=False,
+            )
         nvml = load_pynvml()
         if nvml is not None:
             self.gpus = describe_gpus(nvml)
@@ -160,16 +174,24 @@ class Orchestrator:
 
     def _start_loadgen(self) -> None:
         assert self.target is not None
-        classes = build_user_classes(self.plan, self.target.base_url)
+        # the users' traffic goes through the proxy when there is one; samplers never do
+        traffic_url = self.proxy.traffic_url if self.proxy else self.target.base_url
+        classes = build_user_classes(self.plan, traffic_url)
         self.shape = build_shape(self.plan)
         self.loadgen = LoadGenerator(
-            self.plan, classes, self.shape, self.target.base_url, self.sink, self.layout
+            self.plan, classes, self.shape, traffic_url, self.sink, self.layout
         )
         self.loadgen.connect_workers()
-        if self.target.admin_key and self.plan.faults:
-            admin = ReplicaAdmin(self.target.base_url, self.target.admin_key)
+        if self.plan.faults:
+            key = self.target.admin_key  # the reference gateway's, for the replica kinds
+            admin = ReplicaAdmin(self.target.base_url, key) if key else None
             self.faults = FaultScheduler(
-                self.plan.faults, admin, self.faults_writer, self.sink.recent_cancels
+                self.plan.faults,
+                admin,
+                self.faults_writer,
+                self.sink.recent_cancels,
+                proxy=self.proxy.client if self.proxy else None,
+                own_pids=self._helper_pids,
             )
         self.progress = Progress(
             self.console,
@@ -180,6 +202,16 @@ class Orchestrator:
             faults=self._faults_label,
         )
         self.progress.start()
+
+    def _helper_pids(self) -> list[int]:
+        """kvgate's own helper processes, which no signal fault may pick."""
+        pids = [self.sampler.pid] if self.sampler else []
+        if self.proxy is not None:
+            pids.append(self.proxy.process.pid)
+        workers = self.loadgen.workers if self.loadgen else None
+        if workers is not None:
+            pids += [proc.pid for proc in workers.procs]
+        return pids
 
     def _faults_label(self) -> str:
         if self.faults is None:
@@ -214,6 +246,36 @@ class Orchestrator:
         gevent.sleep(self.plan.load.idle_after_s)
         self.clock.after_load = (t0, time.time()) if self.plan.load.idle_after_s else None
 
+    def _release_probe(self) -> None:
+        """After the idle window (its memory baseline untouched): cancel-to-release from the
+        KV gauge of an external server, which shows no per-request events."""
+        target, probe = self.plan.target, self.plan.samplers.release_probe
+        if not isinstance(target, ExternalTarget) or not probe.count or target.model is None:
+            return
+        gauges = target.profile.metrics.kv_usage
+        if not gauges:
+            return
+        assert self.progress is not None and self.target is not None
+        self.progress.phase = "release probe"
+        spec = ProbeSpec(
+            base_url=self.target.base_url,
+            model=target.model,
+            api_key=target.api_key,
+            metrics_url=target.url + "/metrics",
+            gauge_names=gauges,
+            prompt=generator_for(None).text(probe.prompt_tokens, self.plan.seed),
+            hz=probe.hz,
+            wait_s=probe.wait_s,
+        )
+        self.probe_rows = run_probes(spec, probe.count)
+
+    def _write_probe_rows(self) -> None:
+        """The probe's rows join the samples table once the sampler process has stopped."""
+        if self.probe_rows:
+            writer = rundir.TableWriter(self.run_dir, schema.SAMPLES)
+            writer.write_many(self.probe_rows)
+            writer.close()
+
     # -- teardown ----------------------------------------------------------------------------
 
     def _teardown(self, status: str, error: str | None) -> None:
@@ -221,7 +283,9 @@ class Orchestrator:
             ("progress", self._stop_progress),
             ("faults", self._stop_faults),
             ("load generator", self._stop_loadgen),
+            ("proxy", self._stop_proxy),
             ("samplers", self._stop_sampler),
+            ("release probe", self._write_probe_rows),
             ("target", self.deployment.stop),
             ("writers", self._close_writers),
         )
@@ -245,6 +309,10 @@ class Orchestrator:
     def _stop_loadgen(self) -> None:
         if self.loadgen is not None:
             self.loadgen.close()
+
+    def _stop_proxy(self) -> None:
+        if self.proxy is not None:
+            self.target_meta["proxy"] = self.proxy.stop()  # with its final counters
 
     def _stop_sampler(self) -> None:
         if self.sampler is None or self.sampler.poll() is not None:
@@ -328,6 +396,8 @@ class Orchestrator:
             "load_generator": {
                 "mode": "distributed" if self.layout.distributed else "local",
                 "processes": self.layout.processes,
+                # why the load stopped before its planned end (load.stop_if_failing), if it did
+                "stopped_early": gen.hopeless if gen else None,
             },
             "records": {
                 "written": self.sink.total,

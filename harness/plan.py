@@ -12,9 +12,17 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 import contract
+from contract import servers
 
 SHAPES = ("constant", "step_ramp", "soak", "peak_trough")
 
@@ -59,11 +67,26 @@ class ExternalTarget(_Strict):
 
     type: Literal["external"] = "external"
     url: str
-    kind: Literal["vllm", "sglang", "tgi", "openai"] = "openai"
+    kind: str = "openai"  # a server profile (contract/profiles/): what to send and scrape
     api_key: str | None = None
-    model: str | None = None
-    health_path: str = "/health"
+    model: str | None = None  # None: the one model its /v1/models lists
+    health_path: str | None = None  # None: the profile's
     health_timeout_s: float = Field(30.0, gt=0, le=600)
+
+    @field_validator("kind")
+    @classmethod
+    def _known_kind(cls, kind: str) -> str:
+        known = [k for k in servers.kinds() if k != "reference"]
+        if kind not in known:
+            raise ValueError(
+                f"unknown server kind {kind!r}; one of {', '.join(known)} "
+                "(a profile in contract/profiles/)"
+            )
+        return kind
+
+    @property
+    def profile(self) -> servers.ServerProfile:
+        return servers.profile(self.kind)
 
     @model_validator(mode="after")
     def _url_scheme(self) -> ExternalTarget:
@@ -105,6 +128,16 @@ class Traffic(_Strict):
         return self
 
 
+class StopIfFailing(_Strict):
+    """Stop the load early when the target fails at least `share` of the first requests
+    (`min_requests` of them or more, within `within_s` of the start): nothing listening, a
+    wrong model name, every key refused. The run is still judged, and fails on availability."""
+
+    share: float = Field(0.9, gt=0, le=1)
+    min_requests: int = Field(20, ge=1)
+    within_s: float = Field(30.0, gt=0)
+
+
 class Load(_Strict):
     """Shape and duration. `constant` holds `users`; the others use the workloads' shapes."""
 
@@ -115,18 +148,184 @@ class Load(_Strict):
     shape_attributes: dict[str, Any] = Field(default_factory=dict)
     idle_before_s: float = Field(3.0, ge=0, le=600)  # sampled before load: memory baseline
     idle_after_s: float = Field(5.0, ge=0, le=600)  # sampled after load: does memory fall back
+    stop_if_failing: StopIfFailing | None = StopIfFailing()  # null: never stop early
 
 
-class Fault(_Strict):
-    """One fault: what, when (seconds after load starts), where, and its parameters."""
+class _FaultBase(_Strict):
+    """What every fault has: when it fires, in seconds after the load starts."""
 
-    kind: Literal["kill", "pause", "kill_during_storm"]
     at_s: float = Field(ge=0)
+
+
+class KillFault(_FaultBase):
+    """SIGKILL a reference replica; restart it through the gateway after a delay."""
+
+    kind: Literal["kill"] = "kill"
     replica: str = "r0"
-    restart_after_s: float = Field(5.0, ge=0, le=600)  # kill, kill_during_storm
-    duration_s: float = Field(2.0, gt=0, le=600)  # pause
-    storm_wait_s: float = Field(20.0, gt=0, le=600)  # kill_during_storm: how long to wait
-    min_cancels: int = Field(3, ge=1)  # kill_during_storm: cancellations within 2 s
+    restart_after_s: float = Field(5.0, ge=0, le=600)
+
+
+class PauseFault(_FaultBase):
+    """SIGSTOP a reference replica; SIGCONT after `duration_s`."""
+
+    kind: Literal["pause"] = "pause"
+    replica: str = "r0"
+    duration_s: float = Field(2.0, gt=0, le=600)
+
+
+class KillDuringStormFault(_FaultBase):
+    """Wait for a cancellation storm (`min_cancels` in 2 s), then kill like `kill`."""
+
+    kind: Literal["kill_during_storm"] = "kill_during_storm"
+    replica: str = "r0"
+    restart_after_s: float = Field(5.0, ge=0, le=600)
+    storm_wait_s: float = Field(20.0, gt=0, le=600)  # how long to wait for the storm
+    min_cancels: int = Field(3, ge=1)  # cancellations within 2 s
+
+
+# A signal fault's restart fields: none of them means anything without a restart_command.
+# They default to None and are filled in by the validator, so a dumped plan validates again.
+_RESTART_KEYS = (
+    "restart_command",
+    "restart_after_s",
+    "timeout_s",
+    "wait_healthy_url",
+    "healthy_timeout_s",
+)
+
+
+class SignalFault(_FaultBase):
+    """Send a signal to one process of any deployment: by pid, pidfile or command line.
+
+    The rollback of STOP is CONT after `duration_s`; of any other signal, the user's
+    `restart_command` after `restart_after_s` (none given: no rollback)."""
+
+    kind: Literal["signal"] = "signal"
+    signal: Literal[contract.FAULT_SIGNALS]
+    pid: int | None = Field(None, gt=1)
+    pidfile: str | None = Field(None, min_length=1)  # read when the fault fires
+    match: str | None = Field(None, min_length=1)  # a substring of exactly one command line
+    target: str | None = None  # the row's target, e.g. r0; default pid:N, pidfile:P, match:M
+    duration_s: float | None = Field(None, gt=0, le=3600)  # STOP only; default 2
+    restart_command: str | None = Field(None, min_length=1)  # a shell command
+    restart_after_s: float | None = Field(None, ge=0, le=3600)  # default 5
+    timeout_s: float | None = Field(None, gt=0, le=3600)  # restart_command's; default 60
+    wait_healthy_url: str | None = None  # after the restart, poll until it answers 2xx
+    healthy_timeout_s: float | None = Field(None, gt=0, le=3600)  # default 120
+
+    @field_validator("signal", mode="before")
+    @classmethod
+    def _bare_name(cls, value: Any) -> Any:
+        """`SIGTERM`, `term` and `TERM` are one signal."""
+        return value.upper().removeprefix("SIG") if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _coherent(self) -> SignalFault:
+        given = [k for k in ("pid", "pidfile", "match") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(
+                "give exactly one of pid, pidfile or match (the process to signal); "
+                f"got {', '.join(given) or 'none'}"
+            )
+        restart = [k for k in _RESTART_KEYS if getattr(self, k) is not None]
+        if self.signal == "STOP":
+            if restart:
+                raise ValueError(
+                    f"{', '.join(restart)}: a STOP is rolled back by CONT after duration_s; "
+                    "restarts are for the other signals"
+                )
+            self.duration_s = 2.0 if self.duration_s is None else self.duration_s
+            return self
+        if self.duration_s is not None:
+            raise ValueError(
+                f"duration_s applies to STOP only (CONT follows it); after {self.signal}, "
+                "give restart_command and restart_after_s"
+            )
+        if self.restart_command is None and restart:
+            raise ValueError(f"{', '.join(restart)}: need a restart_command")
+        url = self.wait_healthy_url
+        if url is None and self.healthy_timeout_s is not None:
+            raise ValueError("healthy_timeout_s needs a wait_healthy_url")
+        if url is not None and not url.startswith(("http://", "https://")):
+            raise ValueError(f"wait_healthy_url must start with http:// or https://, got {url!r}")
+        if self.restart_command is not None:
+            self.restart_after_s = 5.0 if self.restart_after_s is None else self.restart_after_s
+            self.timeout_s = 60.0 if self.timeout_s is None else self.timeout_s
+        if url is not None and self.healthy_timeout_s is None:
+            self.healthy_timeout_s = 120.0
+        return self
+
+
+class CommandFault(_FaultBase):
+    """Run the user's shell command (docker kill, kubectl delete pod, systemctl restart ...),
+    and its `rollback` command `rollback_after_s` later; a non-zero exit fails the fault."""
+
+    kind: Literal["command"] = "command"
+    command: str = Field(min_length=1)
+    rollback: str | None = Field(None, min_length=1)
+    rollback_after_s: float | None = Field(None, ge=0, le=3600)  # with a rollback; default 0
+    timeout_s: float = Field(30.0, gt=0, le=3600)  # for each command; then it is killed
+    target: str = Field("command", min_length=1)  # the faults row's target (e.g. a replica id)
+
+    @model_validator(mode="after")
+    def _rollback_given(self) -> CommandFault:
+        if self.rollback is None and self.rollback_after_s is not None:
+            raise ValueError("rollback_after_s needs a rollback command")
+        if self.rollback is not None and self.rollback_after_s is None:
+            self.rollback_after_s = 0.0
+        return self
+
+
+class Toxic(_Strict):
+    """A toxic of kvgate's proxy (toxiproxy's types, attributes and streams)."""
+
+    type: Literal[contract.TOXIC_TYPES]
+    attributes: dict[str, float] = Field(default_factory=dict)
+    stream: Literal["downstream", "upstream"] = "downstream"
+    toxicity: float = Field(1.0, ge=0, le=1)  # the share of connections it applies to
+
+    @model_validator(mode="after")
+    def _attributes_fit(self) -> Toxic:
+        allowed = contract.TOXIC_ATTRIBUTES[self.type]
+        unknown = sorted(set(self.attributes) - set(allowed))
+        if unknown:
+            raise ValueError(
+                f"{self.type}: unknown attribute(s) {', '.join(unknown)}; "
+                f"allowed: {', '.join(allowed)}"
+            )
+        negative = sorted(k for k, v in self.attributes.items() if v < 0)
+        if negative:
+            raise ValueError(f"{self.type}: attribute(s) {', '.join(negative)} must be >= 0")
+        needed = {"latency": "latency", "bandwidth": "rate"}.get(self.type)
+        if needed and not self.attributes.get(needed):
+            raise ValueError(f"{self.type}: give attributes.{needed} (> 0)")
+        return self
+
+
+class NetworkFault(_FaultBase):
+    """A toxic on kvgate's proxy between the load generator and the target, for
+    `duration_s`; the rollback removes it."""
+
+    kind: Literal["network"] = "network"
+    duration_s: float = Field(gt=0, le=86400)
+    toxic: Toxic
+
+
+FAULT_MODELS = {
+    model.model_fields["kind"].default: model
+    for model in (
+        KillFault,
+        PauseFault,
+        KillDuringStormFault,
+        SignalFault,
+        CommandFault,
+        NetworkFault,
+    )
+}
+FaultSpec = (
+    KillFault | PauseFault | KillDuringStormFault | SignalFault | CommandFault | NetworkFault
+)
+Fault = Annotated[FaultSpec, Field(discriminator="kind")]
 
 
 class Interval(_Strict):
@@ -134,13 +333,27 @@ class Interval(_Strict):
     interval_s: float = Field(1.0, gt=0, le=60)
 
 
+class ReleaseProbe(_Strict):
+    """Cancel-to-release measured from a server's KV-usage gauge, after the load, on external
+    targets whose profile names one (harness/release_probe.py)."""
+
+    count: int = Field(5, ge=0, le=100)  # 0: no probe
+    hz: float = Field(20.0, ge=1, le=100)  # gauge readings per second: the resolution
+    prompt_tokens: int = Field(2048, ge=16)  # big enough for the gauge to show it
+    wait_s: float = Field(10.0, gt=0, le=120)
+
+
 class Samplers(_Strict):
+    release_probe: ReleaseProbe = Field(default_factory=ReleaseProbe)
     nvml: Interval = Field(default_factory=lambda: Interval(interval_s=0.25))
     prometheus: Interval = Field(default_factory=lambda: Interval(interval_s=1.0))
     events: Interval = Field(default_factory=lambda: Interval(interval_s=0.5))
     process: Interval = Field(default_factory=lambda: Interval(interval_s=1.0))
+    # the metric families every server profile names (contract/profiles/)
     metric_prefixes: list[str] = Field(
-        default_factory=lambda: ["kvgate_", "vllm:", "sglang:", "tgi_"]
+        default_factory=lambda: list(
+            dict.fromkeys(p for prof in servers.profiles().values() for p in prof.metric_prefixes)
+        )
     )
     # p99 over time of the simulator's step lag (harness/summary.py). A third of the
     # critical-TTFT gate's ~340 ms margin: in the worst 1% of a run's seconds the simulator
@@ -162,24 +375,32 @@ class Plan(_Strict):
 
     @model_validator(mode="after")
     def _faults_fit(self) -> Plan:
-        if self.faults and self.target.type != "reference":
-            raise ValueError(
-                "faults need a reference target (the harness must own the replica processes); "
-                "remove them with --set faults=[]"
-            )
-        if isinstance(self.target, ReferenceTarget):
-            ids = {f"r{i}" for i in range(self.target.replicas)}
-            for fault in self.faults:
-                if fault.replica not in ids:
-                    raise ValueError(
-                        f"fault at {fault.at_s}s names replica {fault.replica!r}; "
-                        f"this target has {sorted(ids)}"
-                    )
-        for fault in self.faults:
+        target = self.target
+        plain_http = isinstance(target, ReferenceTarget) or target.url.startswith("http://")
+        for i, fault in enumerate(self.faults):
+            where = f"faults.{i} ({fault.kind} at {fault.at_s}s)"
             if fault.at_s >= self.load.duration_s:
                 raise ValueError(
-                    f"fault {fault.kind!r} at {fault.at_s}s is not before the end of the load "
-                    f"({self.load.duration_s}s)"
+                    f"{where} is not before the end of the load ({self.load.duration_s}s)"
+                )
+            if isinstance(fault, NetworkFault) and not plain_http:
+                raise ValueError(
+                    f"{where}: network faults need an http:// target (kvgate's proxy forwards "
+                    "plain TCP, and TLS to it would name the wrong host)"
+                )
+            if not isinstance(fault, KillFault | PauseFault | KillDuringStormFault):
+                continue
+            if not isinstance(target, ReferenceTarget):
+                raise ValueError(
+                    f"{where}: kill, pause and kill_during_storm faults need a reference target "
+                    "(they act through its gateway's admin API); against an external target "
+                    "use a signal, command or network fault, or remove it with --set faults=[]"
+                )
+            ids = {f"r{n}" for n in range(target.replicas)}
+            if fault.replica not in ids:
+                raise ValueError(
+                    f"fault at {fault.at_s}s names replica {fault.replica!r}; "
+                    f"this target has {sorted(ids)}"
                 )
         return self
 
@@ -213,6 +434,7 @@ def _format_errors(source: str, exc: ValidationError) -> str:
     for err in exc.errors():
         where = ".".join(str(p) for p in err["loc"] if not str(p).startswith("function-after"))
         where = re.sub(r"^target\.(reference|external)\b", "target", where)
+        where = re.sub(rf"^faults\.(\d+)\.({'|'.join(FAULT_MODELS)})\b", r"faults.\1", where)
         where = where.replace(".[key]", " (key)")
         value = err.get("input")
         shown = repr(value) if not isinstance(value, dict) else "{...}"
@@ -220,6 +442,10 @@ def _format_errors(source: str, exc: ValidationError) -> str:
         if err["type"] == "extra_forbidden":
             allowed = _allowed_keys(err["loc"][:-1])
             msg = f"unknown key; allowed keys: {', '.join(allowed)}" if allowed else msg
+        elif err["type"].startswith("union_tag_") and err["loc"][:1] == ("faults",):
+            msg = f"a fault's kind is one of {', '.join(FAULT_MODELS)}"
+            value = value.get("kind") if isinstance(value, dict) else value
+            shown = repr(value)
         lines.append(f"  {where or '(top level)'}: {msg} (got {shown})")
     return "\n".join(lines)
 
@@ -233,7 +459,7 @@ def _allowed_keys(loc: tuple[int | str, ...]) -> list[str]:
             continue
         fields = getattr(model, "model_fields", None)
         if fields is None or part not in fields:
-            nested = {"classes": TrafficClass, "faults": Fault}
+            nested = {"classes": TrafficClass, **FAULT_MODELS}
             model = nested.get(str(part), model)
             continue
         annotation = fields[part].annotation
@@ -291,8 +517,14 @@ def _list_item(node: list[Any], part: str, path: list[str]) -> Any:
     return node[_list_index(node, part, path)]
 
 
-def load_plan(path: str | Path, overrides: list[str] | None = None) -> Plan:
-    """Read, override and validate a plan file; raises PlanError naming every problem."""
+def load_plan(
+    path: str | Path, overrides: list[str] | None = None, target_url: str | None = None
+) -> Plan:
+    """Read, override and validate a plan file; raises PlanError naming every problem.
+
+    `target_url` (`--target-url`) points the plan at an external server before the overrides
+    apply, so `--set target.model=...` and the other external keys set that target's fields.
+    """
     path = Path(path)
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
@@ -308,6 +540,10 @@ def load_plan(path: str | Path, overrides: list[str] | None = None) -> Plan:
         raise PlanError(f"{path}: not valid YAML: {exc}") from None
     if not isinstance(data, dict):
         raise PlanError(f"{path}: a plan is a YAML mapping (name, target, traffic, load, ...)")
+    if target_url is not None:
+        target = data.get("target")
+        keep = dict(target) if isinstance(target, dict) and target.get("type") == "external" else {}
+        data["target"] = {"type": "external", "kind": "openai", **keep, "url": target_url}
     for assignment in overrides or []:
         apply_override(data, assignment)
     data["base_dir"] = str(path.resolve().parent)

@@ -19,7 +19,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from harness.plan import ExternalTarget, Plan, PlanError, load_plan
+from harness.plan import Plan, PlanError, load_plan
 
 EXIT_OK, EXIT_INTERNAL, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 WORKER_SLACK_S = 600.0
@@ -50,15 +50,6 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--no-gates", action="store_true", help="skip the gates and reports")
     p.add_argument("-v", "--verbose", action="store_true")
     return p
-
-
-def _apply_target_url(plan_path: str, overrides: list[str], url: str) -> Plan:
-    """--target-url: the plan's traffic against an external server at `url`."""
-    plan = load_plan(plan_path, overrides)
-    target = plan.target
-    spec = target.model_dump() if isinstance(target, ExternalTarget) else {"kind": "openai"}
-    spec.update(type="external", url=url)
-    return load_plan(plan_path, [*overrides, "target=" + json.dumps(spec)])
 
 
 def _run_dir(plan: Plan, out: str | None) -> Path:
@@ -122,10 +113,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     level = logging.INFO if args.verbose or args.worker else logging.WARNING
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
     try:
-        if args.target_url:
-            plan = _apply_target_url(args.plan, args.overrides, args.target_url)
-        else:
-            plan = load_plan(args.plan, args.overrides)
+        plan = load_plan(args.plan, args.overrides, target_url=args.target_url)
     except PlanError as exc:
         print(f"kvgate run: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -164,6 +152,7 @@ def _run(plan: Plan, args: argparse.Namespace) -> int:
     from gates.spec import GateSpecError, load_gate_file
     from harness.loadgen import Distribution
     from harness.orchestrator import Orchestrator
+    from harness.preflight import PreflightError, check_external
     from harness.traffic import TrafficError, build_shape, build_user_classes
 
     console = Console(stderr=True)
@@ -174,8 +163,9 @@ def _run(plan: Plan, args: argparse.Namespace) -> int:
         build_shape(plan)
         if not args.no_gates:
             load_gate_file(plan.resolve(plan.gates))
+        plan = check_external(plan)  # an external target answers and serves the model
         run_dir = _run_dir(plan, args.out)
-    except (PlanError, TrafficError, GateSpecError) as exc:
+    except (PlanError, TrafficError, GateSpecError, PreflightError) as exc:
         print(f"kvgate run: {exc}", file=sys.stderr)
         return EXIT_USAGE
     layout = Distribution(

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gates import schema
+from gates.metrics_client import request_failed
 from harness.rundir import TableWriter
 
 RECENT_WINDOW_S = 60.0
@@ -40,6 +41,10 @@ class RecordSink:
         self.by_class: Counter[str] = Counter()
         # (arrival monotonic time, outcome, ttft_s) of recent endings
         self._recent: deque[tuple[float, str, float | None]] = deque()
+        # What the availability gate judges (client cancels and probes left out), and how
+        # many of those failed: what the early stop of a hopeless run reads.
+        self.judged = 0
+        self.failed = 0
 
     @property
     def total(self) -> int:
@@ -54,6 +59,9 @@ class RecordSink:
         self.writer.write(row)
         outcome = str(row.get("outcome"))
         self.outcomes[outcome] += 1
+        if outcome != "cancelled" and row.get("probe") is None:
+            self.judged += 1
+            self.failed += request_failed(outcome, row.get("http_status"), row.get("retry_after_s"))
         self.by_worker[str(row.get("worker"))] += 1
         self.by_class[str(row.get("traffic_class"))] += 1
         now = time.monotonic()

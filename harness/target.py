@@ -17,7 +17,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import psutil
 import yaml
@@ -227,19 +227,12 @@ def describe_reference(
 class ExternalDeployment:
     """A server someone else runs: checked for health, described, never started or stopped."""
 
-    INFO_PATHS: ClassVar[dict[str, tuple[str, ...]]] = {
-        "vllm": ("/v1/models", "/version"),
-        "sglang": ("/v1/models", "/get_server_info", "/get_model_info"),
-        "tgi": ("/v1/models", "/info"),
-        "openai": ("/v1/models",),
-    }
-
     def __init__(self, spec: ExternalTarget) -> None:
         self.spec = spec
         self.info: dict[str, Any] = {}
 
     def start(self) -> RunningTarget:
-        url = self.spec.url + self.spec.health_path
+        url = self.spec.url + (self.spec.health_path or self.spec.profile.health_path)
         deadline = time.monotonic() + self.spec.health_timeout_s
         last = "no answer"
         while time.monotonic() < deadline:
@@ -257,7 +250,7 @@ class ExternalDeployment:
         )
 
     def describe(self) -> dict[str, Any]:
-        info = _describe_http(self.spec.url, self.INFO_PATHS[self.spec.kind])
+        info = _describe_http(self.spec.url, self.spec.profile.info_paths, self.spec.api_key)
         models = (info.get("/v1/models") or {}).get("data") or [{}]
         tgi = info.get("/info") or {}
         version = info.get("/version") or {}

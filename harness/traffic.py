@@ -7,12 +7,15 @@ Overrides are plain class attributes; the workloads' classes are configured that
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from typing import Any
 
 from locust import LoadTestShape, User, between, constant
 
 from harness.plan import ExternalTarget, Plan, ReferenceTarget
+
+log = logging.getLogger(__name__)
 
 
 class TrafficError(ValueError):
@@ -89,6 +92,19 @@ def build_user_classes(
                 attrs["api_key"] = plan.target.api_key
             if plan.target.model and "model" not in spec.attributes and hasattr(base, "model"):
                 attrs["model"] = plan.target.model
+            # only the request extensions the server's profile says it accepts
+            profile = plan.target.profile
+            if attrs.get("ignore_eos", getattr(base, "ignore_eos", False)) and not (
+                profile.accepts("ignore_eos")
+            ):
+                attrs["ignore_eos"] = False
+                log.warning(
+                    "traffic.classes.%s: ignore_eos is not sent to a %s server (%s); its "
+                    "outputs end where the model stops",
+                    name,
+                    profile.kind,
+                    profile.source_file,
+                )
         if spec.weight == 0 and not spec.fixed_count:
             continue  # Locust drops weight-0 classes anyway; say so by not building it
         built.append(type(name, (base,), attrs))

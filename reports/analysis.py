@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 from pandas.api.typing import SeriesGroupBy
 
+from contract import servers
 from gates.metrics import REGISTRY
 from gates.rundir import RunData
 from gates.spec import GateFilter
@@ -25,13 +26,8 @@ DEFAULT_WATERMARKS = {
     "batch_prefill_pause_watermark": 0.88,
     "hard_watermark": 0.92,
 }
-# Pool usage (0..1) as the reference server, vLLM (old and new names) and SGLang expose it.
-POOL_USAGE_METRICS = (
-    "kvgate_pool_usage_ratio",
-    "vllm:gpu_cache_usage_perc",
-    "vllm:kv_cache_usage_perc",
-    "sglang:token_usage",
-)
+# Pool usage (0..1) under every name a server profile gives it (contract/profiles/).
+POOL_USAGE_METRICS = servers.metric_names("kv_usage")
 LENGTH_EDGES = (0, 512, 1024, 2048, 4096, 8192, 16384, 32768, np.inf)
 
 

@@ -22,12 +22,14 @@ from gates.rundir import RunData, load_run
 from gates.verdict import Status, Verdict, _clean
 from reports.charts import Rendered, env, render
 from reports.figures import FIGURES
+from reports.outcomes import outcome_table, release_probe, scrape_problems
 
 STATUS_COLORS = {
     Status.PASS: "#16a34a",
     Status.MARGINAL: "#ca8a04",
     Status.FAIL: "#dc2626",
     Status.INVALID: "#6b7280",
+    Status.NA: "#9ca3af",
 }
 
 
@@ -112,6 +114,7 @@ def _run_facts(run: RunData) -> dict[str, Any]:
             )
         },
         "harness_version": run.meta.get("harness_version"),
+        "stopped_early": (run.meta.get("load_generator") or {}).get("stopped_early"),
         "sources": run.sources,
         "outcomes": {str(k): int(v) for k, v in run.requests["outcome"].value_counts().items()},
     }
@@ -130,7 +133,9 @@ def _tally(verdict: Verdict) -> str:
     worst_first = (Status.FAIL, Status.INVALID, Status.MARGINAL)
     parts = [f"{counts[s]} {s}" for s in worst_first if counts[s]]
     parts.append(f"{counts[Status.PASS]} PASS")
-    return f"{', '.join(parts)} of {len(verdict.gates)} gates"
+    applied = len(verdict.gates) - counts[Status.NA]
+    tally = f"{', '.join(parts)} of {applied} gates"
+    return tally + (f" ({counts[Status.NA]} N/A for this target)" if counts[Status.NA] else "")
 
 
 def _confidence(verdict: Verdict) -> str:
@@ -158,7 +163,9 @@ def _context(run: RunData, verdict: Verdict, charts: list[Rendered]) -> dict[str
         "color": STATUS_COLORS,
         "failed": failed,
         # Gates that did not pass first (worst first), then the rest in the gate file's order.
-        "ordered": failed + [g for g in verdict.gates if g.status == Status.PASS],
+        "ordered": failed
+        + [g for g in verdict.gates if g.status == Status.PASS]
+        + verdict.not_applicable,
         "tally": _tally(verdict),
         "confidence": _confidence(verdict),
         "cell": _cell,
@@ -168,4 +175,8 @@ def _context(run: RunData, verdict: Verdict, charts: list[Rendered]) -> dict[str
         "when": lambda t: _when(t, run),
         "generated": datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC"),
         "side_channel": side_channel(run),
+        "outcomes": outcome_table(run),
+        "scrape_problems": scrape_problems(run),
+        "release_probe": release_probe(run),
+        "not_applicable": verdict.not_applicable,
     }

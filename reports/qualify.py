@@ -17,7 +17,13 @@ from reports.build import STATUS_COLORS
 from reports.charts import env
 
 # Light backgrounds for the detection matrix's cells; text takes STATUS_COLORS.
-TINTS = {"PASS": "#dcfce7", "MARGINAL": "#fef9c3", "FAIL": "#fee2e2", "INVALID": "#f3f4f6"}
+TINTS = {
+    "PASS": "#dcfce7",
+    "MARGINAL": "#fef9c3",
+    "FAIL": "#fee2e2",
+    "INVALID": "#f3f4f6",
+    "N/A": "#ffffff",
+}
 # A mutant's outcome read as a status: caught by its own gate is what passing means here.
 OUTCOME_STATUS = {
     "detected": "PASS",

@@ -100,7 +100,12 @@ class NvmlSampler:
             return self._sample_nvml(self.nvml)
         rows: list[Row] = []
         if not self._announced:
-            log.warning("NVML is unavailable; sampling the reference replicas' simulated GPU")
+            if self._sim_endpoints():
+                log.warning("NVML is unavailable; sampling the reference replicas' simulated GPU")
+            else:
+                log.warning(
+                    "NVML is unavailable and the target has no simulated GPU: no GPU memory"
+                )
             rows.append(_row(time.time(), "nvml", "host", "nvml_unavailable", 1.0))
             self._announced = True
         return rows + self._sample_sim()

@@ -100,7 +100,12 @@ class RunBuilder:
         return self
 
     def fault(
-        self, t_start: float, target: str = "r1", kind: str = "kill", t_end: float | None = None
+        self,
+        t_start: float,
+        target: str = "r1",
+        kind: str = "kill",
+        t_end: float | None = None,
+        params: dict[str, Any] | None = None,
     ) -> RunBuilder:
         self.rows[schema.FAULTS].append(
             {
@@ -110,7 +115,7 @@ class RunBuilder:
                 "pid": 1,
                 "t_start": T0 + t_start,
                 "t_end": None if t_end is None else T0 + t_end,
-                "params": "{}",
+                "params": json.dumps(params or {}),
                 "outcome": "ok",
                 "rollback": "restarted",
             }

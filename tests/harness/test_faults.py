@@ -16,7 +16,7 @@ import pytest
 from gates import schema
 from gates.rundir import read_jsonl
 from harness.faults import FaultError, FaultScheduler
-from harness.plan import Fault
+from harness.plan import KillDuringStormFault, KillFault, PauseFault
 from harness.rundir import TableWriter
 
 
@@ -65,7 +65,7 @@ def test_kill_then_restart_is_recorded(tmp_path: Path, procs: dict[str, Any]) ->
     victim = procs["r0"]
     admin = FakeAdmin(procs)
     sched = FaultScheduler(
-        [Fault(kind="kill", at_s=0.0, replica="r0", restart_after_s=0.2)],
+        [KillFault(kind="kill", at_s=0.0, replica="r0", restart_after_s=0.2)],
         admin,
         TableWriter(tmp_path, schema.FAULTS),
         lambda w: 0,  # type: ignore[arg-type]
@@ -84,7 +84,7 @@ def test_pause_is_resumed_even_when_the_run_ends_mid_fault(
     tmp_path: Path, procs: dict[str, Any]
 ) -> None:
     sched = FaultScheduler(
-        [Fault(kind="pause", at_s=0.0, replica="r0", duration_s=30.0)],
+        [PauseFault(kind="pause", at_s=0.0, replica="r0", duration_s=30.0)],
         FakeAdmin(procs),
         TableWriter(tmp_path, schema.FAULTS),
         lambda w: 0,  # type: ignore[arg-type]
@@ -104,7 +104,7 @@ def test_kill_during_storm_waits_for_cancellations_and_fails_without_one(
     cancels = {"n": 0}
     sched = FaultScheduler(
         [
-            Fault(
+            KillDuringStormFault(
                 kind="kill_during_storm",
                 at_s=0.0,
                 replica="r0",
@@ -112,7 +112,9 @@ def test_kill_during_storm_waits_for_cancellations_and_fails_without_one(
                 min_cancels=3,
                 restart_after_s=0.0,
             ),
-            Fault(kind="kill_during_storm", at_s=0.0, replica="r9", storm_wait_s=0.3),
+            KillDuringStormFault(
+                kind="kill_during_storm", at_s=0.0, replica="r9", storm_wait_s=0.3
+            ),
         ],
         FakeAdmin(procs),
         TableWriter(tmp_path, schema.FAULTS),

@@ -1,0 +1,136 @@
+"""Server profiles: what each kind of serving stack gives kvgate, as data.
+
+One YAML file per kind in contract/profiles/ (reference, vllm, sglang, tgi, openai) says
+where its info endpoints are, the names of its metrics (KV usage, running and waiting
+requests, preemptions, prefix-cache queries and hits, request counters), which request
+extensions it accepts, and which kinds of data (`DATA_KINDS`) it provides beyond the
+client's own records. Each file cites the documentation its names come from. Adding a server
+kind means adding one file here; the harness (what to send, what to scrape) and the gates
+(which apply) read the same profile.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from functools import cache
+from pathlib import Path
+from types import MappingProxyType
+from typing import Final
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+PROFILE_DIR: Final = Path(__file__).with_name("profiles")
+
+# What a gate may need beyond the client's records (which every target gives), and what each
+# kind of data is. A gate that needs data its target cannot give is N/A, with the reason.
+DATA_KINDS: Final = MappingProxyType(
+    {
+        "server_events": "per-request scheduler events (admitted, preempted, released, ...)",
+        "granted_priority": "the priority each request actually ran at",
+        "tenant_share": "each tenant's share of the KV pool over time",
+        "gateway_ledger": "a gateway's reservation ledger across replicas",
+        "kv_usage": "KV-cache usage of the pool over time",
+        "gpu_memory": "GPU memory over time (NVML, or the simulated GPU's)",
+        "release_timing": "when a cancelled request's KV blocks were released",
+        "cached_tokens": "prefix-cache hits per request (usage.prompt_tokens_details)",
+        "preemption_count": "how many requests the scheduler preempted",
+    }
+)
+# Request fields beyond the OpenAI API that a workload may send, when the profile says so.
+EXTENSIONS: Final = (
+    "ignore_eos",
+    "min_tokens",
+    "priority_header",
+    "priority_field",
+    "cache_salt",
+    "continuous_usage_stats",
+)
+
+
+class MetricNames(BaseModel):
+    """Prometheus names per quantity; the first one a scrape shows is used (names change
+    between releases, so older ones may follow)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kv_usage: tuple[str, ...] = ()  # gauge, used share of the KV pool, 0..1
+    running: tuple[str, ...] = ()
+    waiting: tuple[str, ...] = ()
+    preemptions: tuple[str, ...] = ()  # counter
+    prefix_queries: tuple[str, ...] = ()  # counter
+    prefix_hits: tuple[str, ...] = ()  # counter
+    request_success: tuple[str, ...] = ()  # counter
+    request_failure: tuple[str, ...] = ()  # counter
+    request_aborts: tuple[str, ...] = ()  # counter
+
+
+class ServerProfile(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: str = Field(pattern=r"^[a-z][a-z0-9_]*$")
+    title: str
+    sources: tuple[str, ...] = Field(min_length=1)  # where the names below come from
+    health_path: str = "/health"
+    info_paths: tuple[str, ...] = ("/v1/models",)
+    metric_prefixes: tuple[str, ...] = ()  # metric families the sampler keeps
+    metrics: MetricNames = MetricNames()
+    extensions: Mapping[str, bool] = Field(default_factory=dict)
+    provides: frozenset[str] = frozenset()
+
+    @field_validator("extensions")
+    @classmethod
+    def _known_extensions(cls, value: Mapping[str, bool]) -> Mapping[str, bool]:
+        unknown = sorted(set(value) - set(EXTENSIONS))
+        if unknown:
+            raise ValueError(f"unknown extensions {unknown}; known: {', '.join(EXTENSIONS)}")
+        return MappingProxyType(dict(value))
+
+    @field_validator("provides")
+    @classmethod
+    def _known_data(cls, value: frozenset[str]) -> frozenset[str]:
+        unknown = sorted(value - set(DATA_KINDS))
+        if unknown:
+            raise ValueError(f"unknown data kinds {unknown}; known: {', '.join(DATA_KINDS)}")
+        return value
+
+    def accepts(self, extension: str) -> bool:
+        """Whether requests to this kind of server may carry `extension` (EXTENSIONS)."""
+        return bool(self.extensions.get(extension, False))
+
+    @property
+    def source_file(self) -> str:
+        return f"contract/profiles/{self.kind}.yaml"
+
+
+@cache
+def profiles() -> Mapping[str, ServerProfile]:
+    """Every profile in contract/profiles/, by kind; a broken file is a ValueError naming it."""
+    found: dict[str, ServerProfile] = {}
+    for path in sorted(PROFILE_DIR.glob("*.yaml")):
+        try:
+            profile = ServerProfile.model_validate(yaml.safe_load(path.read_text()))
+        except (ValidationError, yaml.YAMLError) as exc:
+            raise ValueError(f"server profile {path}: {exc}") from exc
+        if profile.kind != path.stem:
+            raise ValueError(f"server profile {path} says kind {profile.kind!r}; name it so")
+        found[profile.kind] = profile
+    return MappingProxyType(found)
+
+
+def profile(kind: str | None) -> ServerProfile:
+    """The profile of `kind`; an unknown or missing kind gets the generic `openai` one."""
+    known = profiles()
+    return known.get(kind or "openai", known["openai"])
+
+
+def kinds() -> tuple[str, ...]:
+    return tuple(profiles())
+
+
+def metric_names(quantity: str) -> tuple[str, ...]:
+    """Every profile's names for one quantity of MetricNames (e.g. "kv_usage"), each once."""
+    names: dict[str, None] = {}
+    for p in profiles().values():
+        names.update(dict.fromkeys(getattr(p.metrics, quantity)))
+    return tuple(names)

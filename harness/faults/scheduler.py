@@ -1,0 +1,114 @@
+"""FaultScheduler: fires a plan's faults at their times as greenlets, and ends them."""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Callable, Collection, Mapping, Sequence
+
+import gevent
+
+from harness.faults.base import (
+    ActionFactory,
+    FaultAction,
+    FaultContext,
+    FaultError,
+    FaultRecord,
+    ReplicaAdminAPI,
+    ToxicClient,
+)
+from harness.faults.registry import REGISTRY
+from harness.plan import FaultSpec
+from harness.rundir import TableWriter
+
+log = logging.getLogger(__name__)
+STOP_GRACE_S = 5.0  # beyond the longest rollback, how long stop() waits for the rows
+
+
+class FaultScheduler:
+    """Fires the plan's faults at their times; `stop()` ends them with their rollbacks run.
+
+    Every action is built here, so a fault whose kind cannot act on this run (a replica
+    kind without the gateway, a network fault without the proxy) stops the run before its
+    load starts. Invariant: every fault that fired writes exactly one row, after its rollback.
+    """
+
+    def __init__(
+        self,
+        faults: Sequence[FaultSpec],
+        admin: ReplicaAdminAPI | None,
+        writer: TableWriter,
+        recent_cancels: Callable[[float], int],
+        *,
+        proxy: ToxicClient | None = None,
+        own_pids: Callable[[], Collection[int]] | None = None,
+        registry: Mapping[str, ActionFactory] = REGISTRY,
+    ) -> None:
+        context = FaultContext(recent_cancels, admin, proxy, own_pids or (lambda: ()))
+        self.faults = sorted(faults, key=lambda f: f.at_s)
+        self.actions = [registry[fault.kind](fault, context) for fault in self.faults]
+        self.writer = writer
+        self.fired = 0
+        self.failed = 0
+        self._greenlets: list[gevent.Greenlet] = []
+
+    def start(self, load_start_monotonic: float) -> None:
+        for fault, action in zip(self.faults, self.actions, strict=True):
+            delay = max(0.0, load_start_monotonic + fault.at_s - time.monotonic())
+            self._greenlets.append(gevent.spawn_later(delay, self._run, fault, action))
+
+    def stop(self) -> None:
+        """Cancel faults not yet fired; interrupt running ones so their rollbacks run now."""
+        for greenlet in self._greenlets:
+            if not greenlet.started:
+                greenlet.kill(block=False)
+        limit = max((a.rollback_limit_s for a in self.actions), default=0.0) + STOP_GRACE_S
+        gevent.killall([g for g in self._greenlets if g.started], block=True, timeout=limit)
+
+    def _run(self, fault: FaultSpec, action: FaultAction) -> None:
+        record = FaultRecord(uuid.uuid4().hex[:12], fault.kind, action.target, fault.model_dump())
+        self.fired += 1
+        try:
+            try:
+                action.apply(record)
+            except Exception as exc:
+                record.fail(_why(exc))
+            except BaseException:
+                record.fail("interrupted (the run ended) before it was applied in full")
+                raise
+            else:
+                gevent.sleep(action.hold_s)  # the end of the run cuts this short
+        finally:
+            try:
+                # the rollback runs even if the greenlet is killed mid-hold (Ctrl-C, end of run)
+                if record.t_start is not None:
+                    _roll_back(action, record)
+            finally:
+                self._journal(record)
+
+    def _journal(self, record: FaultRecord) -> None:
+        if record.problems:
+            self.failed += 1
+        record.t_end = time.time()
+        self.writer.write(record.row())
+        log.info(
+            "fault %s %s on %s: %s", record.fault_id, record.kind, record.target, record.outcome
+        )
+
+
+def _roll_back(action: FaultAction, record: FaultRecord) -> None:
+    try:
+        action.rollback(record)
+    except Exception as exc:
+        record.fail(f"rollback: {_why(exc)}")
+    except BaseException:
+        record.fail("rollback interrupted")
+        raise
+
+
+def _why(exc: Exception) -> str:
+    """A fault's own errors say what went wrong; anything else is named by its type."""
+    if isinstance(exc, FaultError | OSError | ValueError):
+        return str(exc) or type(exc).__name__
+    return f"{type(exc).__name__}: {exc}"

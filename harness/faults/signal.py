@@ -1,0 +1,162 @@
+"""The `signal` fault: a signal to one process of any deployment, found by pid, pidfile or
+command line when the fault fires; the rollback is CONT after a STOP, the user's restart
+command (and a health poll) after any other signal."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import gevent
+import psutil
+
+import contract
+from harness.faults.base import FaultContext, FaultError, FaultRecord
+from harness.faults.command import REAP_S, run_shell
+from harness.plan import SignalFault
+from harness.samplers.http import request
+
+SIGNALS = {name: signal.Signals[f"SIG{name}"] for name in contract.FAULT_SIGNALS}
+HEALTH_POLL_S = 0.5
+EXIT_WAIT_S = 10.0  # how long a restart waits for the signalled process to be gone
+
+
+class SignalAction:
+    """signal: resolve the process, send the signal; roll back with CONT or a restart."""
+
+    def __init__(self, spec: SignalFault, context: FaultContext) -> None:
+        self.spec = spec
+        self.context = context
+        self.signum = SIGNALS[spec.signal]
+        self.target = spec.target or _default_target(spec)
+        self.hold_s = (spec.duration_s if spec.signal == "STOP" else spec.restart_after_s) or 0.0
+        restart_s = EXIT_WAIT_S + (spec.timeout_s or 0.0) + (spec.healthy_timeout_s or 0.0)
+        self.rollback_limit_s = restart_s + REAP_S
+
+    def apply(self, record: FaultRecord) -> None:
+        own = kvgate_pids(self.context)
+        pid = self._resolve(own, record)
+        if pid in own:
+            raise FaultError(f"pid {pid} is one of kvgate's own processes; nothing was signalled")
+        record.pid = pid
+        try:
+            os.kill(pid, self.signum)
+        except ProcessLookupError:
+            raise FaultError(f"no process {pid} to send {self.spec.signal} to") from None
+        except PermissionError:
+            raise FaultError(
+                f"not permitted to signal pid {pid} (kvgate runs as another user); use a "
+                "command fault (e.g. sudo kill) instead"
+            ) from None
+        record.begin()
+
+    def rollback(self, record: FaultRecord) -> None:
+        assert record.pid is not None
+        if self.spec.signal == "STOP":
+            try:
+                os.kill(record.pid, signal.SIGCONT)
+            except ProcessLookupError:
+                raise FaultError(f"pid {record.pid} was gone before its CONT") from None
+            record.rollback.append("resumed (CONT)")
+            return
+        if self.spec.restart_command is None:
+            return
+        if not _exited(record.pid, EXIT_WAIT_S):
+            record.rollback.append(f"pid {record.pid} still running at the restart")
+        assert self.spec.timeout_s is not None
+        result = run_shell(self.spec.restart_command, self.spec.timeout_s)
+        record.params.update(result.params("restart_"))
+        if not result.ok:
+            raise FaultError(f"restart_command {result.describe()}")
+        record.rollback.append("restart_command exited 0")
+        if self.spec.wait_healthy_url is not None:
+            assert self.spec.healthy_timeout_s is not None
+            waited = wait_healthy(self.spec.wait_healthy_url, self.spec.healthy_timeout_s)
+            record.rollback.append(f"healthy {waited:.1f}s later")
+
+    def _resolve(self, own: set[int], record: FaultRecord) -> int:
+        spec = self.spec
+        if spec.pid is not None:
+            return spec.pid
+        if spec.pidfile is not None:
+            return read_pidfile(Path(spec.pidfile))
+        assert spec.match is not None
+        # reading every process's command line is slow: a thread, not the users' loop
+        found: list[int] = gevent.get_hub().threadpool.apply(matching_pids, (spec.match, own))
+        record.params["matched_pids"] = found
+        if len(found) != 1:
+            listed = f" (pids {', '.join(map(str, found))})" if found else ""
+            raise FaultError(
+                f"match {spec.match!r}: {len(found)} processes match{listed}, and it must be "
+                "exactly one (kvgate's own processes are left out); nothing was signalled. "
+                "Name one process (its port, its model), or give pid or pidfile"
+            )
+        return found[0]
+
+
+def _default_target(spec: SignalFault) -> str:
+    if spec.pid is not None:
+        return f"pid:{spec.pid}"
+    return f"pidfile:{spec.pidfile}" if spec.pidfile is not None else f"match:{spec.match}"
+
+
+def _exited(pid: int, timeout_s: float) -> bool:
+    """Whether the signalled process is gone (or a zombie) within `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        except psutil.Error:
+            return False  # not ours to inspect: restart as asked
+        gevent.sleep(0.05)
+    return False
+
+
+def kvgate_pids(context: FaultContext) -> set[int]:
+    """This process, its ancestors (whose command lines may quote the plan's patterns) and
+    the helpers kvgate started (samplers, workers, proxy)."""
+    me = psutil.Process()
+    return {me.pid, *(p.pid for p in me.parents()), *context.own_pids()}
+
+
+def matching_pids(pattern: str, exclude: set[int]) -> list[int]:
+    """PIDs whose command line (arguments joined by spaces) contains `pattern`."""
+    found = []
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        cmdline = proc.info.get("cmdline")
+        if proc.info["pid"] in exclude or not cmdline:
+            continue  # kvgate's own, a kernel thread, a zombie, or not ours to read
+        if pattern in " ".join(cmdline):
+            found.append(int(proc.info["pid"]))
+    return sorted(found)
+
+
+def read_pidfile(path: Path) -> int:
+    try:
+        text = path.read_text().strip()
+    except OSError as exc:
+        raise FaultError(f"pidfile {path} cannot be read ({exc.strerror or exc})") from None
+    if not text.isdigit() or int(text) < 2:
+        raise FaultError(f"pidfile {path} holds {text[:40]!r}, not a process id")
+    return int(text)
+
+
+def wait_healthy(url: str, timeout_s: float) -> float:
+    """Poll `url` until it answers 2xx; the seconds it took."""
+    t0 = time.monotonic()
+    last = "no answer"
+    while time.monotonic() - t0 < timeout_s:
+        try:
+            status = request(url, timeout_s=3.0).status
+            if 200 <= status < 300:
+                return time.monotonic() - t0
+            last = f"HTTP {status}"
+        except (OSError, ValueError) as exc:
+            last = str(exc)
+        gevent.sleep(HEALTH_POLL_S)
+    raise FaultError(f"{url} was not healthy (2xx) {timeout_s:g}s after the restart ({last})")

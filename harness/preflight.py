@@ -1,0 +1,89 @@
+"""Checks on an external target before any load is sent: it answers, and serves the model.
+
+A run against a server that is not there, or that would refuse every request for naming the
+wrong model, proves nothing about that server, so these are set-up errors (exit 2) with
+what to do, found in seconds rather than after the whole plan:
+- nothing answers at the URL (within target.health_timeout_s);
+- /v1/models refuses the key;
+- target.model is not among the models the server lists; with no target.model, the one
+  model it lists is used (several: the user must choose).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from harness.plan import ExternalTarget, Plan
+from harness.samplers.http import request
+
+RETRY_S = 1.0
+
+
+class PreflightError(RuntimeError):
+    """The target cannot be judged as configured; the message says why and what to do."""
+
+
+def _models(target: ExternalTarget) -> list[str] | None:
+    """The model ids /v1/models lists, None when the server has no such endpoint."""
+    url = target.url + "/v1/models"
+    deadline = time.monotonic() + target.health_timeout_s
+    last = "no answer"
+    while True:
+        try:
+            resp = request(url, token=target.api_key, timeout_s=5.0)
+            break
+        except OSError as exc:
+            last = str(getattr(exc, "reason", exc))
+        if time.monotonic() >= deadline:
+            raise PreflightError(
+                f"nothing answers at {target.url} ({last}) within {target.health_timeout_s:g} s; "
+                "is the server running, and are --target-url / target.url right?"
+            )
+        time.sleep(RETRY_S)
+    if resp.status in (401, 403):
+        raise PreflightError(
+            f"{url} refused the key (HTTP {resp.status}); set target.api_key "
+            "(--set target.api_key=...) to a key this server accepts"
+        )
+    if resp.status == 404:
+        return None
+    if resp.status != 200:
+        raise PreflightError(f"{url} answered HTTP {resp.status}: {resp.body[:200]!r}")
+    try:
+        data: Any = resp.json()
+        return [str(m["id"]) for m in data["data"]]
+    except (ValueError, KeyError, TypeError):
+        raise PreflightError(
+            f"{url} did not answer an OpenAI model list ({{'data': [{{'id': ...}}]}}): "
+            f"{resp.body[:200]!r}"
+        ) from None
+
+
+def check_external(plan: Plan) -> Plan:
+    """The plan, its external target's model resolved; PreflightError when it cannot run."""
+    target = plan.target
+    if not isinstance(target, ExternalTarget):
+        return plan
+    served = _models(target)
+    if served is None:
+        if target.model is None:
+            raise PreflightError(
+                f"{target.url} has no /v1/models to say what it serves; name the model with "
+                "--set target.model=NAME"
+            )
+        return plan
+    if target.model is None:
+        if len(served) != 1:
+            listed = ", ".join(served) or "none"
+            raise PreflightError(
+                f"{target.url} serves {len(served)} models ({listed}); choose one with "
+                "--set target.model=NAME"
+            )
+        return plan.model_copy(update={"target": target.model_copy(update={"model": served[0]})})
+    if target.model not in served:
+        raise PreflightError(
+            f"model {target.model!r} is not served at {target.url}; it serves: "
+            f"{', '.join(served) or 'none'}. Set target.model to one of them"
+        )
+    return plan

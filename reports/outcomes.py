@@ -1,0 +1,121 @@
+"""How every request ended, by traffic class, and what went wrong with the telemetry.
+
+The outcome table is in every summary and report whatever the gates said: a run where 40%
+of requests failed must show it on the first screen, next to the commonest error messages,
+even where no gate looks at that class.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pandas as pd
+
+import contract
+from gates.rundir import RunData
+
+TOP_MESSAGES = 3
+
+
+@dataclass(frozen=True, slots=True)
+class OutcomeRow:
+    traffic_class: str
+    total: int
+    counts: dict[str, int]  # outcome -> requests
+    top_errors: list[tuple[str, int]]  # ("HTTP 400 model_not_found: ...", count), commonest first
+
+    def share_not_ok(self) -> float:
+        return 1.0 - self.counts.get("ok", 0) / self.total if self.total else 0.0
+
+
+def _label(rows: pd.DataFrame) -> pd.Series:
+    if rows.empty:
+        return pd.Series([], dtype=object)
+    status = rows["http_status"].map(lambda s: "" if pd.isna(s) else f"HTTP {int(s)} ").astype(str)
+    code = rows["error_code"].fillna("").astype(str)
+    message = rows["error_message"].fillna("").astype(str).str.slice(0, 120)
+    text = (code + ": " + message).where(code.ne("") & message.ne(""), code + message)
+    return status + rows["outcome"].astype(str) + " " + text.str.strip()
+
+
+def outcome_table(run: RunData) -> tuple[list[str], list[OutcomeRow]]:
+    """(the outcomes seen, in contract order; one row per traffic class, then "all")."""
+    requests = run.requests
+    if requests.empty:
+        return [], []
+    seen = set(requests["outcome"].dropna().astype(str))
+    columns = [o for o in contract.OUTCOMES if o in seen]
+    rows = []
+    groups = [*requests.groupby("traffic_class", sort=True), ("all", requests)]
+    for klass, group in groups:
+        counts = {str(k): int(v) for k, v in group["outcome"].value_counts().items()}
+        bad = group[~group["outcome"].isin(("ok", "cancelled"))]
+        top = [(str(k), int(v)) for k, v in _label(bad).value_counts().head(TOP_MESSAGES).items()]
+        rows.append(OutcomeRow(str(klass), len(group), counts, top))
+    return columns, rows
+
+
+@dataclass(frozen=True, slots=True)
+class ScrapeProblem:
+    target: str
+    source: str
+    reason: str
+    count: int
+    first_t: float
+
+
+def scrape_problems(run: RunData) -> list[ScrapeProblem]:
+    """Failed observations the samplers recorded (a /metrics 404, a refused connection), one
+    per target, source and reason, commonest first."""
+    samples = run.samples
+    errors = samples[
+        samples["metric"].isin(("scrape_error",))
+        | samples["labels"].astype("string").str.startswith("error=", na=False)
+    ]
+    if errors.empty:
+        return []
+    reason = errors["labels"].astype(str).str.removeprefix("error=")
+    grouped = errors.assign(reason=reason).groupby(["target", "source", "reason"], sort=False)
+    found = [
+        ScrapeProblem(str(t), str(s), str(r), len(g), float(g["t"].min()))
+        for (t, s, r), g in grouped
+    ]
+    return sorted(found, key=lambda p: -p.count)
+
+
+@dataclass(frozen=True, slots=True)
+class ReleaseProbeResult:
+    """The release probe's readings (harness/release_probe.py), for servers without events."""
+
+    latencies_s: list[float]
+    resolution_ms: float | None
+    unresolved: list[str]
+
+    def sentence(self) -> str:
+        parts = []
+        if self.latencies_s:
+            values = sorted(self.latencies_s)
+            median = values[len(values) // 2]
+            parts.append(
+                f"cancel to release seen in the KV gauge: median {1000 * median:.0f} ms, max "
+                f"{1000 * values[-1]:.0f} ms over {len(values)} probe(s), at "
+                f"{self.resolution_ms:.0f} ms resolution"
+            )
+        if self.unresolved:
+            parts.append(f"{len(self.unresolved)} unresolved ({self.unresolved[0]})")
+        return "Release probe: " + "; ".join(parts)
+
+
+def release_probe(run: RunData) -> ReleaseProbeResult | None:
+    samples = run.samples
+    rows = samples[samples["source"].eq("release_probe")]
+    if rows.empty:
+        return None
+    done = rows[rows["metric"].eq("kvgate_release_probe_seconds")]
+    resolution = done["labels"].astype(str).str.extract(r"resolution_ms=([0-9.]+)")[0]
+    unresolved = rows[rows["metric"].eq("kvgate_release_probe_unresolved")]
+    return ReleaseProbeResult(
+        latencies_s=[float(v) for v in done["value"]],
+        resolution_ms=float(resolution.iloc[0]) if len(resolution.dropna()) else None,
+        unresolved=[str(x).removeprefix("why=") for x in unresolved["labels"]],
+    )

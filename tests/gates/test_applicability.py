@@ -1,0 +1,134 @@
+"""Gates per target: what each server profile gives decides which gates apply (N/A)."""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from contract import servers
+from gates.evaluator import evaluate_run
+from gates.spec import GateSpecError, load_gate_file
+from gates.verdict import Status, Verdict
+from tests.gates.builder import RunBuilder, gate_file
+from tests.gates.conftest import gate
+
+Judge = Callable[[RunBuilder], Verdict]
+EVENT_GATES = {
+    "preempted_complete",
+    "critical_not_preempted",
+    "batch_stops_at_peak",
+    "tenant_share_cap",
+    "failover_no_double_reservation",
+    "priority_escalation",
+    "cancel_release_p99",
+}
+
+
+def external(kind: str, n: int = 400, kv_metric: str | None = None) -> RunBuilder:
+    """A run against a `kind` server: answered requests, and its KV gauge if it has one."""
+    b = RunBuilder()
+    b.meta["target"] = {"kind": kind, "model": "tiny", "url": "http://127.0.0.1:9"}
+    for i in range(n):
+        b.request(f"r{i}", t=20 + i * 0.1, priority="critical", ttft_s=0.2, e2e_s=0.4)
+    if kv_metric:
+        for t, value in ((2, 0.01), (5, 0.01), (50, 0.7), (110, 0.01), (115, 0.01)):
+            b.sample(kv_metric, value, t, target="server")
+    return b
+
+
+def test_every_profile_loads_cites_its_sources_and_provides_known_data() -> None:
+    assert set(servers.kinds()) == {"reference", "vllm", "sglang", "tgi", "openai"}
+    for profile in servers.profiles().values():
+        assert profile.sources and profile.provides <= set(servers.DATA_KINDS)
+    assert servers.profile("reference").provides == set(servers.DATA_KINDS)
+    assert servers.profile("no-such-server").kind == "openai"
+
+
+def test_a_vllm_run_is_judged_on_the_gates_that_apply(judge: Judge) -> None:
+    verdict = judge(external("vllm", kv_metric="vllm:kv_cache_usage_perc"))
+    status = {g.id: g.status for g in verdict.gates}
+    assert {g for g, s in status.items() if s == Status.NA} == EVENT_GATES
+    assert status["availability"] == status["memory_back_to_idle"] == Status.PASS
+    assert status["no_oom"] == Status.PASS and status["ttft_critical_p95"] == Status.PASS
+    na = gate(verdict, "tenant_share_cap")
+    assert "vLLM targets do not give" in na.message and "contract/profiles/vllm.yaml" in na.message
+    assert na.value_text() == "not applicable to this target"
+    # the private-prefix gate needs cached tokens, which vLLM gives: missing data, not N/A
+    assert status["private_prefix_isolation"] == Status.INVALID
+    assert verdict.status == Status.MARGINAL and verdict.score == 1.0
+
+
+def test_a_gauge_the_profile_promises_but_the_run_lacks_is_missing_data(judge: Judge) -> None:
+    result = gate(judge(external("vllm")), "memory_back_to_idle")
+    assert result.status == Status.INVALID and "no data" in result.message
+
+
+def test_a_generic_server_without_telemetry_still_gets_a_verdict(judge: Judge) -> None:
+    b = external("openai")
+    clean = judge(b)
+    unsure = {g.id for g in clean.gates if g.status not in (Status.PASS, Status.NA)}
+    assert unsure == {"low_priority_explicit_errors"}  # the plan sent no batch work to refuse
+    assert clean.status == Status.MARGINAL
+    for i in range(300):
+        b.request(f"x{i}", outcome="error", error_code="connect_error")
+    verdict = judge(b)
+    assert verdict.status == Status.FAIL and verdict.exit_code == 3
+    assert gate(verdict, "availability").status == Status.FAIL
+    assert gate(verdict, "memory_back_to_idle").status == Status.NA
+
+
+def test_data_a_run_shows_makes_a_gate_apply_whatever_the_profile(judge: Judge) -> None:
+    b = external("openai")
+    b.event("admitted", 21, request_id="r1", priority="critical", tenant="acme", blocks=4)
+    verdict = judge(b)
+    assert gate(verdict, "preempted_complete").status == Status.INVALID  # applies: no preemption
+    assert gate(verdict, "failover_no_double_reservation").status == Status.NA
+
+
+def test_an_oom_named_in_an_answer_fails_no_oom_on_any_target(judge: Judge) -> None:
+    b = external("tgi")
+    b.request("oom", outcome="error", http_status=500, error_message="CUDA out of memory.")
+    result = gate(judge(b), "no_oom")
+    assert result.status == Status.FAIL and "answered: CUDA out of memory" in str(result.evidence)
+    assert any("answers alone" in n for n in result.notes)
+
+
+def test_junit_marks_na_gates_skipped(tmp_path: Path) -> None:
+    path = external("tgi").write(tmp_path / "run")
+    verdict = evaluate_run(path)
+    suite = ET.parse(path / "junit.xml").getroot()
+    skipped = [c.get("name") for c in suite.iter("testcase") if c.find("skipped") is not None]
+    assert len(skipped) == len(verdict.not_applicable) == int(suite.get("skipped", "0")) > 0
+
+
+def test_a_gate_needing_an_unknown_kind_of_data_is_refused(tmp_path: Path) -> None:
+    path = gate_file(
+        tmp_path / "g.yaml",
+        '  - {id: g, title: G, metric: ttft, pass: "p(95) < 1s", needs: [telepathy]}',
+    )
+    with pytest.raises(GateSpecError, match="unknown kind of data telepathy"):
+        load_gate_file(path)
+
+
+def test_a_gate_file_can_extend_the_builtin_gates_and_leave_some_out(tmp_path: Path) -> None:
+    path = tmp_path / "g.yaml"
+    path.write_text(
+        "extends: builtin\n"
+        "skip: {low_priority_explicit_errors: this plan sends no batch work}\n"
+        "gates:\n"
+        '  - {id: ttft_critical_p95, title: T, metric: ttft, key: true, pass: "p(95) <= 2s"}\n'
+    )
+    gates = {g.id: g for g in load_gate_file(path).gates}
+    assert len(gates) == len(load_gate_file().gates)
+    assert gates["ttft_critical_p95"].pass_.value == 2.0
+    run = external("openai").write(tmp_path / "run")
+    verdict = evaluate_run(run, gates_file=path)
+    skipped = next(g for g in verdict.gates if g.id == "low_priority_explicit_errors")
+    assert skipped.status == Status.NA and "this plan sends no batch work" in skipped.message
+    assert verdict.status == Status.PASS
+    path.write_text("extends: builtin\nskip: {no_such_gate: why}\n")
+    with pytest.raises(GateSpecError, match="skip names no built-in gate: no_such_gate"):
+        load_gate_file(path)

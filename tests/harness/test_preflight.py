@@ -1,0 +1,123 @@
+"""Set-up against external servers: --target-url with --set, the model check, profiles."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import ClassVar
+
+import pytest
+
+from harness.plan import ExternalTarget, PlanError, load_plan
+from harness.preflight import PreflightError, check_external
+from harness.traffic import build_user_classes
+
+PLANS = Path(__file__).resolve().parents[2] / "harness" / "plans"
+SMOKE = PLANS / "smoke.yaml"
+NO_FAULTS = ["faults=[]"]  # the smoke plan's replica kill needs the reference deployment
+
+
+class FakeServer(BaseHTTPRequestHandler):
+    models: ClassVar[list[str]] = ["tiny-llama"]
+    key: str | None = None
+
+    def do_GET(self) -> None:
+        if self.key and self.headers.get("Authorization") != f"Bearer {self.key}":
+            self._answer(401, {"error": "bad key"})
+        elif self.path == "/v1/models":
+            self._answer(200, {"object": "list", "data": [{"id": m} for m in self.models]})
+        else:
+            self._answer(404, {"error": "no such path"})
+
+    def _answer(self, status: int, body: object) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def server() -> Iterator[tuple[str, type[FakeServer]]]:
+    handler = type("Handler", (FakeServer,), {"models": ["tiny-llama"], "key": None})
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}", handler
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def test_target_url_takes_the_external_keys_of_set() -> None:
+    plan = load_plan(
+        SMOKE,
+        [*NO_FAULTS, "target.model=tiny", "target.kind=vllm", "target.api_key=k"],
+        target_url="http://127.0.0.1:9",
+    )
+    assert isinstance(plan.target, ExternalTarget)
+    assert (plan.target.model, plan.target.kind, plan.target.api_key) == ("tiny", "vllm", "k")
+    with pytest.raises(PlanError, match="unknown server kind 'vlm'"):
+        load_plan(SMOKE, [*NO_FAULTS, "target.kind=vlm"], target_url="http://127.0.0.1:9")
+
+
+def test_the_model_defaults_to_the_one_the_server_lists(server: tuple[str, type]) -> None:
+    url, _ = server
+    plan = check_external(load_plan(SMOKE, NO_FAULTS, target_url=url))
+    assert isinstance(plan.target, ExternalTarget) and plan.target.model == "tiny-llama"
+    classes = build_user_classes(plan, url)
+    assert {getattr(c, "model", "tiny-llama") for c in classes} == {"tiny-llama"}
+
+
+def test_an_unknown_model_is_refused_before_any_load(server: tuple[str, type]) -> None:
+    url, _ = server
+    plan = load_plan(SMOKE, [*NO_FAULTS, "target.model=llama-3-8b"], target_url=url)
+    with pytest.raises(PreflightError, match=r"'llama-3-8b' is not served .* it serves: tiny"):
+        check_external(plan)
+
+
+def test_several_models_and_no_choice_is_refused(server: tuple[str, type]) -> None:
+    url, handler = server
+    handler.models = ["a", "b"]
+    with pytest.raises(PreflightError, match=r"serves 2 models \(a, b\); choose one"):
+        check_external(load_plan(SMOKE, NO_FAULTS, target_url=url))
+
+
+def test_a_refused_key_says_which_setting_to_fix(server: tuple[str, type]) -> None:
+    url, handler = server
+    handler.key = "secret"
+    with pytest.raises(PreflightError, match=r"refused the key .* target\.api_key"):
+        check_external(load_plan(SMOKE, NO_FAULTS, target_url=url))
+
+
+def test_nothing_listening_is_a_set_up_error_not_a_traceback() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: nothing listens there
+    plan = load_plan(
+        SMOKE, [*NO_FAULTS, "target.health_timeout_s=1"], target_url=f"http://127.0.0.1:{port}"
+    )
+    with pytest.raises(PreflightError, match=r"nothing answers at .* is the server running"):
+        check_external(plan)
+
+
+def test_extensions_go_only_to_servers_whose_profile_accepts_them() -> None:
+    def long_output_ignores_eos(kind: str) -> bool:
+        plan = load_plan(
+            SMOKE,
+            [*NO_FAULTS, f"target.kind={kind}", "target.model=m"],
+            target_url="http://127.0.0.1:9",
+        )
+        plan.traffic.classes = {"long_output": plan.traffic.classes["long_output"]}
+        (cls,) = build_user_classes(plan, "http://127.0.0.1:9")
+        return bool(cls.ignore_eos)
+
+    assert long_output_ignores_eos("vllm") and long_output_ignores_eos("sglang")
+    assert not long_output_ignores_eos("tgi") and not long_output_ignores_eos("openai")
