@@ -114,6 +114,10 @@ class TrafficClass(_Strict):
 class Traffic(_Strict):
     classes: dict[str, TrafficClass] = Field(min_length=1)
     stop_timeout_s: float = Field(20.0, ge=0, le=300)  # in-flight requests may finish this long
+    # Every class's prompt sizes (prompt_tokens, prefix_tokens) times this: a server whose
+    # tokenizer counts kvgate's prompts differently (the report gives the ratio it saw) gets
+    # the sizes the plan means in its own tokens.
+    prompt_scale: float = Field(1.0, gt=0, le=100)
 
     @model_validator(mode="after")
     def _known_classes(self) -> Traffic:

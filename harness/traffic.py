@@ -16,6 +16,7 @@ from locust import LoadTestShape, User, between, constant
 from harness.plan import ExternalTarget, Plan, ReferenceTarget
 
 log = logging.getLogger(__name__)
+PROMPT_SIZES = ("prompt_tokens", "prefix_tokens")  # what traffic.prompt_scale multiplies
 
 
 class TrafficError(ValueError):
@@ -81,6 +82,11 @@ def build_user_classes(
         _check_attributes(name, base, spec.attributes, where)
         attrs: dict[str, Any] = {k: _attribute(k, v, where) for k, v in spec.attributes.items()}
         attrs.update(host=host, weight=spec.weight, abstract=False)
+        if plan.traffic.prompt_scale != 1.0:
+            for size in PROMPT_SIZES:
+                if hasattr(base, size):
+                    value = attrs.get(size, getattr(base, size))
+                    attrs[size] = max(1, round(value * plan.traffic.prompt_scale))
         if "seed" not in spec.attributes and hasattr(base, "seed"):
             attrs["seed"] = plan.seed
         if isinstance(plan.target, ReferenceTarget) and hasattr(base, "model"):
@@ -99,8 +105,8 @@ def build_user_classes(
             ):
                 attrs["ignore_eos"] = False
                 log.warning(
-                    "traffic.classes.%s: ignore_eos is not sent to a %s server (%s); its "
-                    "outputs end where the model stops",
+                    "traffic.classes.%s: ignore_eos is not sent to this %s server (%s); "
+                    "its outputs end where the model stops",
                     name,
                     profile.kind,
                     profile.source_file,

@@ -22,7 +22,7 @@ from gates.rundir import RunData, load_run
 from gates.verdict import Status, Verdict, _clean
 from reports.charts import Rendered, env, render
 from reports.figures import FIGURES
-from reports.outcomes import outcome_table, release_probe, scrape_problems
+from reports.outcomes import outcome_table, release_probe, scrape_problems, token_ratio
 
 STATUS_COLORS = {
     Status.PASS: "#16a34a",
@@ -178,5 +178,6 @@ def _context(run: RunData, verdict: Verdict, charts: list[Rendered]) -> dict[str
         "outcomes": outcome_table(run),
         "scrape_problems": scrape_problems(run),
         "release_probe": release_probe(run),
+        "token_ratio": token_ratio(run),
         "not_applicable": verdict.not_applicable,
     }

@@ -119,3 +119,39 @@ def release_probe(run: RunData) -> ReleaseProbeResult | None:
         resolution_ms=float(resolution.iloc[0]) if len(resolution.dropna()) else None,
         unresolved=[str(x).removeprefix("why=") for x in unresolved["labels"]],
     )
+
+
+@dataclass(frozen=True, slots=True)
+class TokenRatio:
+    """How the server counted kvgate's prompts: its usage.prompt_tokens over the size kvgate
+    aimed for, median per class (chat formatting adds a few tokens to every prompt)."""
+
+    by_class: dict[str, tuple[float, int]]  # class -> (median ratio, requests)
+    overall: float
+    n: int
+
+    def sentence(self) -> str:
+        text = (
+            f"Prompt sizes: the server counted {self.overall:.2f}x the tokens kvgate aimed "
+            f"for (median over {self.n} requests)"
+        )
+        if abs(self.overall - 1) > 0.1:
+            text += (
+                f"; its tokenizer differs from kvgate's, so `--set traffic.prompt_scale="
+                f"{1 / self.overall:.2f}` would send the sizes the plan means"
+            )
+        return text
+
+
+def token_ratio(run: RunData, min_tokens: int = 256) -> TokenRatio | None:
+    """Over requests the server reported usage for, of prompts of at least `min_tokens`
+    (where a chat template's few tokens do not dominate)."""
+    rows = run.requests
+    rows = rows[rows["prompt_tokens"].notna() & rows["target_prompt_tokens"].ge(min_tokens)]
+    if rows.empty:
+        return None
+    ratio = rows["prompt_tokens"].astype(float) / rows["target_prompt_tokens"].astype(float)
+    by_class = {
+        str(k): (float(g.median()), len(g)) for k, g in ratio.groupby(rows["traffic_class"])
+    }
+    return TokenRatio(by_class, float(ratio.median()), len(ratio))

@@ -54,10 +54,11 @@ class Case:
 
 @dataclass(slots=True)
 class Answer:
-    status: int | None  # None: the connection closed without an answer (dropped)
+    status: int | None  # None: no answer (the server closed the connection, or it timed out)
     body: bytes = b""
     content_type: str = ""
     seconds: float = 0.0
+    timed_out: bool = False  # no answer and no close within the client's timeout
 
 
 def chat(**fields: object) -> bytes:
@@ -184,8 +185,10 @@ def exchange(url: str, data: bytes, timeout_s: float = 30.0) -> Answer:
         try:
             resp.begin()
             body = resp.read()
-        except (ConnectionError, TimeoutError):  # closed, reset, or no answer in time
+        except ConnectionError:  # closed or reset by the server
             return Answer(None, seconds=time.perf_counter() - t0)
+        except TimeoutError:  # neither an answer nor a close in time
+            return Answer(None, seconds=time.perf_counter() - t0, timed_out=True)
         return Answer(
             resp.status, body, resp.getheader("Content-Type") or "", time.perf_counter() - t0
         )

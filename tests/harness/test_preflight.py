@@ -121,3 +121,16 @@ def test_extensions_go_only_to_servers_whose_profile_accepts_them() -> None:
 
     assert long_output_ignores_eos("vllm") and long_output_ignores_eos("sglang")
     assert not long_output_ignores_eos("tgi") and not long_output_ignores_eos("openai")
+
+
+def test_prompt_scale_multiplies_every_class_prompt_size() -> None:
+    def sizes(scale: float) -> dict[str, tuple[int, int | None]]:
+        plan = load_plan(SMOKE, [f"traffic.prompt_scale={scale}"])
+        return {
+            c.__name__: (c.prompt_tokens, getattr(c, "prefix_tokens", None))
+            for c in build_user_classes(plan, "http://127.0.0.1:9")
+        }
+
+    one, half = sizes(1.0), sizes(0.5)
+    assert one["long_context"][0] == 8000 and half["long_context"][0] == 4000
+    assert half["shared_prefix"][1] == 512  # the plan's 1024-token prefix, halved
