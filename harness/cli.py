@@ -21,7 +21,7 @@ commands:
   compare CAND BASE     rollback decision: candidate run against a baseline run
   qualify PLAN [--runs N] [--mutants all|a,b] [--set K=V] [--json]
                         prove each gate catches its mutants; false alarms over N runs
-  bench scheduler|server|client|analysis [--json]
+  bench scheduler|server|client|analysis|proxy [--json]
                         benchmarks of each stage (`bench server --hostile`: hostile input)
   bench verdicts PLAN --runs N [--set K=V] [--json]
                         run a plan N times: the distribution of its verdicts

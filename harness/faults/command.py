@@ -20,7 +20,7 @@ from typing import IO, Any
 import gevent
 
 from harness.faults.base import FaultContext, FaultError, FaultRecord
-from harness.plan import CommandFault
+from harness.plan_faults import CommandFault
 
 OUTPUT_TAIL_CHARS = 2000  # of stdout and stderr, kept in the faults row's params
 POLL_S = 0.05

@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from harness.faults.base import FaultContext, FaultError, FaultRecord, ToxicClient
-from harness.plan import NetworkFault, Plan
+from harness.plan import Plan
+from harness.plan_faults import NetworkFault
 
 CONTROL_LIMIT_S = 10.0  # a DELETE on the proxy's control API (its client times out at 5 s)
 

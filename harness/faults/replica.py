@@ -13,7 +13,7 @@ from typing import Any
 import gevent
 
 from harness.faults.base import FaultContext, FaultError, FaultRecord, ReplicaAdminAPI
-from harness.plan import KillDuringStormFault, KillFault, PauseFault
+from harness.plan_faults import KillDuringStormFault, KillFault, PauseFault
 from harness.samplers.http import request
 
 RESTART_WAIT_S = 30.0  # how long a restarted replica may take to report "running"

@@ -19,7 +19,7 @@ from harness.faults.base import (
     ToxicClient,
 )
 from harness.faults.registry import REGISTRY
-from harness.plan import FaultSpec
+from harness.plan_faults import FaultSpec
 from harness.rundir import TableWriter
 
 log = logging.getLogger(__name__)

@@ -15,7 +15,7 @@ import psutil
 import contract
 from harness.faults.base import FaultContext, FaultError, FaultRecord
 from harness.faults.command import REAP_S, run_shell
-from harness.plan import SignalFault
+from harness.plan_faults import SignalFault
 from harness.samplers.http import request
 
 SIGNALS = {name: signal.Signals[f"SIG{name}"] for name in contract.FAULT_SIGNALS}

@@ -16,7 +16,7 @@ import pytest
 from gates import schema
 from gates.rundir import read_jsonl
 from harness.faults import FaultError, FaultScheduler
-from harness.plan import KillDuringStormFault, KillFault, PauseFault
+from harness.plan_faults import KillDuringStormFault, KillFault, PauseFault
 from harness.rundir import TableWriter
 
 

@@ -26,16 +26,14 @@ import contract
 from gates import schema
 from gates.rundir import load_run, read_jsonl
 from harness.faults import REGISTRY, FaultError, FaultScheduler, start_proxy_in_path
-from harness.plan import (
+from harness.plan import PlanError, load_plan, plan_from_dict
+from harness.plan_faults import (
     FAULT_MODELS,
     CommandFault,
     Fault,
     FaultSpec,
     NetworkFault,
-    PlanError,
     SignalFault,
-    load_plan,
-    plan_from_dict,
 )
 from harness.rundir import TableWriter
 
