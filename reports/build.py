@@ -22,7 +22,13 @@ from gates.rundir import RunData, load_run
 from gates.verdict import Status, Verdict, _clean
 from reports.charts import Rendered, env, render
 from reports.figures import FIGURES
-from reports.outcomes import outcome_table, release_probe, scrape_problems, token_ratio
+from reports.outcomes import (
+    outcome_table,
+    release_probe,
+    scrape_problems,
+    server_counters,
+    token_ratio,
+)
 
 STATUS_COLORS = {
     Status.PASS: "#16a34a",
@@ -120,6 +126,11 @@ def _run_facts(run: RunData) -> dict[str, Any]:
     }
 
 
+def _kind(run: RunData) -> str | None:
+    target = run.meta.get("target") or {}
+    return target.get("kind") if isinstance(target, dict) else None
+
+
 def _when(epoch: float | None, run: RunData) -> str:
     if epoch is None:
         return ""
@@ -179,5 +190,6 @@ def _context(run: RunData, verdict: Verdict, charts: list[Rendered]) -> dict[str
         "scrape_problems": scrape_problems(run),
         "release_probe": release_probe(run),
         "token_ratio": token_ratio(run),
+        "server_counters": server_counters(run) if _kind(run) != "reference" else [],
         "not_applicable": verdict.not_applicable,
     }

@@ -12,7 +12,9 @@ from dataclasses import dataclass
 import pandas as pd
 
 import contract
+from contract import servers
 from gates.rundir import RunData
+from gates.windows import counter_increase
 
 TOP_MESSAGES = 3
 
@@ -155,3 +157,22 @@ def token_ratio(run: RunData, min_tokens: int = 256) -> TokenRatio | None:
         str(k): (float(g.median()), len(g)) for k, g in ratio.groupby(rows["traffic_class"])
     }
     return TokenRatio(by_class, float(ratio.median()), len(ratio))
+
+
+COUNTERS = ("preemptions", "request_success", "request_failure", "request_aborts")
+
+
+def server_counters(run: RunData) -> list[tuple[str, str, float]]:
+    """(quantity, metric, increase over the run) of the counters the target's profile names
+    (contract/profiles/): what a server without per-request events says about itself."""
+    target = run.meta.get("target") or {}
+    profile = servers.profile(target.get("kind") if isinstance(target, dict) else None)
+    found = []
+    for quantity in COUNTERS:
+        for name in getattr(profile.metrics, quantity):
+            rows = run.samples[run.samples["metric"].isin((name, name + "_total"))]
+            if rows.empty:
+                continue
+            found.append((quantity, name, float(counter_increase(rows)["increase"].sum())))
+            break
+    return found

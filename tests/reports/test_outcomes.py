@@ -44,3 +44,13 @@ def test_every_summary_says_how_requests_ended_and_what_telemetry_failed(
     assert "### How requests ended" in summary and "40 × HTTP 400 rejected" in summary
     assert "### Telemetry that failed" in summary and "2 × HTTP 404" in summary
     assert "1.10x the tokens" in summary
+
+
+def test_a_server_without_events_shows_its_own_counters(tmp_path: Path) -> None:
+    b = RunBuilder()
+    b.meta["target"] = {"kind": "vllm", "model": "m", "url": "http://127.0.0.1:9"}
+    b.request("r", ttft_s=0.1)
+    for t, value in ((1, 3.0), (50, 10.0), (110, 15.0)):
+        b.sample("vllm:num_preemptions_total", value, t, target="target")
+    summary = write_reports(b.write(tmp_path / "run"))["markdown"].read_text()
+    assert "preemptions +12 (`vllm:num_preemptions_total`)" in summary
