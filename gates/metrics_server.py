@@ -15,6 +15,7 @@ from scipy.stats import beta
 
 from contract import servers
 from gates import stats
+from gates.metrics_requests import DEATH_SLACK_S
 from gates.registry import Observations, metric
 from gates.rundir import RunData
 from gates.spec import GateFilter
@@ -24,6 +25,7 @@ from gates.windows import (
     isin,
     label_value,
     phases,
+    process_faults,
     replica_deaths,
     resolve_window,
     select,
@@ -93,6 +95,14 @@ def oom_events(run: RunData, flt: GateFilter, params: Mapping[str, Any]) -> Obse
     if not said_oom.empty:
         detail = "answered: " + said_oom["error_message"].astype(str).str.slice(0, 160)
         parts.append(_rows(1.0, said_oom["t_send"], said_oom["replica"], detail))
+    died = _unexplained_deaths(run, flt)
+    if not died.empty:
+        detail = (
+            "server process "
+            + died["target"].astype(str)
+            + (" died outside any injected fault (an OOM or a crash)")
+        )
+        parts.append(_rows(1.0, died["t"], "server", detail))
     frame = pd.concat(parts, ignore_index=True)
     notes = []
     if events.empty and samples.empty:
@@ -104,6 +114,23 @@ def oom_events(run: RunData, flt: GateFilter, params: Mapping[str, Any]) -> Obse
     return Observations(
         frame=frame, n_samples=len(events) + len(samples) + len(answers), notes=notes
     )
+
+
+def _unexplained_deaths(run: RunData, flt: GateFilter) -> pd.DataFrame:
+    """`process_died` samples of the watched server process (an external target's `pid` or
+    `pidfile`) that no injected process fault explains: within [start - 1 s, end + 3 s]."""
+    samples = run.samples
+    died = samples[samples["metric"].eq("process_died") & samples["labels"].eq("role=server")]
+    died = select(died, run, GateFilter(window=flt.window), "t", class_column=None)
+    assert not isinstance(died, str)
+    if died.empty:
+        return died
+    faults = process_faults(run.faults)
+    spans = [
+        (float(a) - 1.0, float(b if pd.notna(b) else run.t_end) + DEATH_SLACK_S)
+        for a, b in zip(faults["t_start"], faults["t_end"], strict=True)
+    ]
+    return died[~in_intervals(died["t"], spans)] if spans else died
 
 
 @metric("tenant_pool_share", filters=("tenant", "window"), unit="fraction", kind="trend")

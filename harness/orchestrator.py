@@ -147,6 +147,13 @@ class Orchestrator:
         watch = {"harness": os.getpid()}
         if self.target.gateway_pid:
             watch["gateway"] = self.target.gateway_pid
+        pidfiles: dict[str, str] = {}
+        target = self.plan.target
+        if isinstance(target, ExternalTarget):  # the server's own process, when on this host
+            if target.pid:
+                watch["server"] = target.pid
+            if target.pidfile:
+                pidfiles["server"] = target.pidfile
         config = SamplerConfig(
             run_dir=str(self.run_dir),
             gateway_url=self.target.base_url if reference else None,
@@ -155,6 +162,7 @@ class Orchestrator:
             admin_key=self.target.admin_key,
             state_dir=str(self.target.state_dir) if self.target.state_dir else None,
             watch_pids=watch,
+            watch_pidfiles=pidfiles,
             intervals=intervals,
             metric_prefixes=list(s.metric_prefixes),
             parent_pid=os.getpid(),

@@ -80,6 +80,11 @@ class ExternalTarget(_Strict):
     model: str | None = None  # None: the one model its /v1/models lists
     health_path: str | None = None  # None: the profile's
     health_timeout_s: float = Field(30.0, gt=0, le=600)
+    # The server's main process, when kvgate runs on its host: its CPU and RSS are sampled,
+    # and its death outside any injected fault counts against `no_oom` (an OOM or a crash).
+    # A pidfile is read at every sample, so a restart is followed.
+    pid: int | None = Field(None, gt=1)
+    pidfile: str | None = Field(None, min_length=1)
 
     @field_validator("kind")
     @classmethod

@@ -41,6 +41,9 @@ class SamplerConfig:
     admin_key: str | None = None
     state_dir: str | None = None  # the reference server's state dir (replica event files)
     watch_pids: dict[str, int] = field(default_factory=dict)  # role -> pid (process stats)
+    # role -> pidfile, read at every sample (an external server's process, across restarts);
+    # a watched process that disappears is recorded once as `process_died`
+    watch_pidfiles: dict[str, str] = field(default_factory=dict)
     intervals: dict[str, float] = field(default_factory=dict)  # nvml, prometheus, events, process
     metric_prefixes: list[str] = field(default_factory=list)
     parent_pid: int = 0
@@ -55,11 +58,15 @@ class SamplerConfig:
 
 
 class ProcessSampler:
-    """CPU and resident memory of the target's processes and of the harness itself."""
+    """CPU and resident memory of the target's processes and of the harness itself.
+
+    A process that stops existing is one `process_died` row (labels: its role), once per
+    PID: what the OOM gate reads for a server that shows no events of its own."""
 
     def __init__(self, roles: Callable[[], dict[str, int]]) -> None:
         self._roles = roles
         self._procs: dict[int, psutil.Process] = {}
+        self._dead: set[int] = set()
 
     def sample(self) -> list[Row]:
         rows: list[Row] = []
@@ -69,6 +76,14 @@ class ProcessSampler:
                 proc = self._procs.get(pid) or self._procs.setdefault(pid, psutil.Process(pid))
                 cpu = proc.cpu_percent()  # since the last call; the first call reads 0
                 rss = proc.memory_info().rss
+                if proc.status() == psutil.STATUS_ZOMBIE:
+                    raise psutil.NoSuchProcess(pid)
+            except psutil.NoSuchProcess:
+                self._procs.pop(pid, None)
+                if pid not in self._dead:
+                    self._dead.add(pid)
+                    rows.append(_died(t, pid, role))
+                continue
             except psutil.Error as exc:
                 self._procs.pop(pid, None)
                 rows.append(error_row(t, "process", str(pid), "process_error", str(exc)))
@@ -86,6 +101,25 @@ class ProcessSampler:
                     }
                 )
         return rows
+
+
+def _died(t: float, pid: int, role: str) -> Row:
+    return {
+        "t": t,
+        "source": "process",
+        "target": str(pid),
+        "metric": "process_died",
+        "labels": f"role={role}",
+        "value": 1.0,
+    }
+
+
+def read_pidfile(path: str) -> int | None:
+    try:
+        pid = int(Path(path).read_text().strip())
+    except (OSError, ValueError):
+        return None
+    return pid if pid > 1 else None
 
 
 def oom_detector(state_dir: str | None) -> Callable[[str, int | None], bool]:
@@ -150,6 +184,10 @@ class SamplerProcess:
 
     def _roles(self) -> dict[str, int]:
         roles = dict(self.config.watch_pids)
+        for role, path in self.config.watch_pidfiles.items():
+            pid = read_pidfile(path)
+            if pid is not None:
+                roles[role] = pid
         for replica in self.table.all():
             if replica.pid is not None and replica.state == "running":
                 roles[f"replica:{replica.id}"] = int(replica.pid)

@@ -132,3 +132,15 @@ def test_a_gate_file_can_extend_the_builtin_gates_and_leave_some_out(tmp_path: P
     path.write_text("extends: builtin\nskip: {no_such_gate: why}\n")
     with pytest.raises(GateSpecError, match="skip names no built-in gate: no_such_gate"):
         load_gate_file(path)
+
+
+def test_a_server_process_dying_outside_any_fault_fails_no_oom(judge: Judge) -> None:
+    b = external("openai")
+    b.sample("process_died", 1.0, 40, target="4242", labels="role=server")
+    result = gate(judge(b), "no_oom")
+    assert result.status == Status.FAIL
+    assert "died outside any injected fault" in str(result.evidence)
+    killed = external("openai").fault(39.5, target="server", kind="signal", t_end=52.0)
+    killed.rows["faults"][-1]["params"] = '{"signal": "KILL"}'
+    killed.sample("process_died", 1.0, 40, target="4242", labels="role=server")
+    assert gate(judge(killed), "no_oom").status == Status.PASS  # the plan's own kill
