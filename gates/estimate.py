@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 import numpy as np
+from scipy.stats import linregress
+from scipy.stats import t as student_t
 
 from gates import stats
 from gates.spec import Threshold
@@ -38,10 +40,17 @@ class Estimate:
     method: str
 
 
-def estimate(values: np.ndarray, threshold: Threshold, confidence: float) -> Estimate:
-    """The threshold's statistic over raw values; NaN value when it is undefined for none."""
+def estimate(
+    values: np.ndarray, threshold: Threshold, confidence: float, t: np.ndarray | None = None
+) -> Estimate:
+    """The threshold's statistic over raw values; NaN value when it is undefined for none.
+
+    `slope` needs the observations' times `t` (epoch s): the least-squares slope per hour
+    with its Student-t interval (n - 2 degrees of freedom; unbounded below three points)."""
     n = len(values)
     stat = threshold.statistic
+    if stat == "slope":
+        return _slope(values, t, confidence)
     if stat in ("count", "sum"):
         value = float(n) if stat == "count" else (float(values.sum()) if n else 0.0)
         return Estimate(value, value, value, n, "exact")
@@ -68,6 +77,23 @@ def estimate(values: np.ndarray, threshold: Threshold, confidence: float) -> Est
     # An observed extreme is a fact about what was seen; `min_samples` says how much must
     # have been seen before it may pass.
     return Estimate(value, value, value, n, "exact")
+
+
+def _slope(values: np.ndarray, t: np.ndarray | None, confidence: float) -> Estimate:
+    n = len(values)
+    if t is None or n < 2:
+        return Estimate(math.nan, math.nan, math.nan, n, "")
+    hours = (np.asarray(t, dtype=float) - float(np.min(t))) / 3600.0
+    if np.ptp(hours) == 0:
+        return Estimate(math.nan, math.nan, math.nan, n, "")
+    if n >= 3 and np.ptp(values) == 0:  # a constant: a flat line fits exactly
+        return Estimate(0.0, 0.0, 0.0, n, "least squares")
+    fit = linregress(hours, values)
+    slope = float(fit.slope)
+    if n < 3 or not math.isfinite(float(fit.stderr)):
+        return Estimate(slope, -math.inf, math.inf, n, "least squares")
+    half = float(student_t.ppf(0.5 + confidence / 2, n - 2)) * float(fit.stderr)
+    return Estimate(slope, slope - half, slope + half, n, "least squares, Student t")
 
 
 def read(

@@ -119,7 +119,8 @@ def judge(run: RunData, gate: GateSpec) -> GateResult:
         )
     values = obs.frame["value"].to_numpy(dtype=float)
     # No examined record is no data, even for a count (zero violations of nothing).
-    est = estimate(values, gate.pass_, gate.confidence) if obs.n_samples else NO_DATA
+    times = obs.frame["t"].to_numpy(dtype=float) if "t" in obs.frame else None
+    est = estimate(values, gate.pass_, gate.confidence, times) if obs.n_samples else NO_DATA
     result = GateResult(
         id=gate.id,
         title=gate.title,

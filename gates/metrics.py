@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from gates import metrics_client, metrics_requests, metrics_security, metrics_server
+from gates import (
+    metrics_client,
+    metrics_drift,
+    metrics_requests,
+    metrics_security,
+    metrics_server,
+)
 from gates.registry import REGISTRY, MetricDef, Observations
 
 __all__ = [
@@ -10,6 +16,7 @@ __all__ = [
     "MetricDef",
     "Observations",
     "metrics_client",
+    "metrics_drift",
     "metrics_requests",
     "metrics_security",
     "metrics_server",

@@ -18,7 +18,7 @@ import pandas as pd
 from gates.rundir import RunData
 from gates.spec import GateFilter
 
-KINDS = ("trend", "rate", "count")
+KINDS = ("trend", "rate", "count", "series")
 EVIDENCE_COLUMNS = ("request_id", "t", "tenant", "replica", "detail")
 
 

@@ -23,7 +23,7 @@ from contract.servers import DATA_KINDS
 
 BUILTIN_GATES = Path(__file__).with_name("builtin.yaml")
 
-STATISTICS = ("count", "rate", "max", "min", "mean", "sum", "p(N)")
+STATISTICS = ("count", "rate", "max", "min", "mean", "sum", "slope", "p(N)")
 OPERATORS: dict[str, Callable[[float, float], bool]] = {
     "<=": operator.le,
     ">=": operator.ge,
@@ -39,9 +39,11 @@ KIND_STATISTICS = {
     "trend": ("p", "mean", "max", "min", "count"),
     "rate": ("rate", "count", "sum"),
     "count": ("count", "sum", "max"),
+    # values over time (one per window): judged by their fitted slope, in units per hour
+    "series": ("slope", "max", "mean"),
 }
 _THRESHOLD = re.compile(
-    r"^\s*(?P<stat>count|rate|max|min|mean|sum|p\(\s*(?P<q>\d+(?:\.\d+)?)\s*\))\s*"
+    r"^\s*(?P<stat>count|rate|max|min|mean|sum|slope|p\(\s*(?P<q>\d+(?:\.\d+)?)\s*\))\s*"
     r"(?P<op><=|>=|==|!=|<|>)\s*(?P<num>[-+]?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)\s*(?P<unit>ms|s|%)?\s*$"
 )
 FIXED_WINDOWS = ("all", "stress", "idle_before", "after_load", "after_fault", "during_fault")
