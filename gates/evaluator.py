@@ -70,6 +70,15 @@ def evaluate(run: RunData, gate_file: GateFile, gates_path: str = "builtin") -> 
     notes = [
         f"{name}.jsonl: dropped {n} truncated line(s)" for name, n in run.truncated_lines.items()
     ]
+    aborted = run.meta.get("aborted")
+    if isinstance(aborted, dict) and aborted.get("gate"):
+        # a gate with abort_on_fail stopped the load: whatever the rest says, the run FAILs
+        status = Status.FAIL
+        notes.insert(
+            0,
+            f"aborted at +{float(aborted.get('at_s') or 0):.0f} s by gate {aborted['gate']}: "
+            f"{aborted.get('message', '')}",
+        )
     return Verdict(
         status=status,
         gates=results,

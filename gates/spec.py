@@ -157,6 +157,11 @@ class GateSpec(BaseModel):
     # Set by a gate file that extends the built-in gates and leaves this one out: why. The
     # gate is then N/A with that reason, so the report still shows it was not judged.
     skip: str | None = None
+    # k6's abortOnFail / delayAbortEval: while the run goes on, a FAIL of this gate (its point
+    # value over the line on the evidence so far) stops the load; not before abort_grace_s
+    # into the load. The run is then judged and reported as usual, and FAILs.
+    abort_on_fail: bool = False
+    abort_grace_s: float = Field(default=0.0, ge=0)
 
     @model_validator(mode="after")
     def _consistent(self) -> GateSpec:
@@ -268,8 +273,8 @@ def load_gate_file(path: Path | None = None) -> GateFile:
 
 def _extend(data: dict[str, Any], source: Path) -> dict[str, Any]:
     """`extends: builtin`: the built-in gates, with `skip: {id: why}` left out (N/A, with the
-    reason) and `gates:` added or replacing a built-in gate of the same id; the built-in
-    thresholds stay in one place."""
+    reason) and `gates:` added, or overriding the keys they name of the built-in gate of the
+    same id; the built-in thresholds stay in one place."""
     if data.get("extends") != "builtin":
         raise GateSpecError(f"gate file {source}: extends can only be 'builtin'")
     skip = data.get("skip") or {}
@@ -284,8 +289,8 @@ def _extend(data: dict[str, Any], source: Path) -> dict[str, Any]:
             f"the built-in gates are {', '.join(sorted(known))}"
         )
     own = {g.get("id"): g for g in data.get("gates") or [] if isinstance(g, dict)}
-    gates = [
-        {**own.pop(g["id"], g), **({"skip": skip[g["id"]]} if g["id"] in skip else {})}
+    gates = [  # a gate of the same id overrides the built-in one's keys it names
+        {**g, **own.pop(g["id"], {}), **({"skip": skip[g["id"]]} if g["id"] in skip else {})}
         for g in base["gates"]
     ]
     merged = {k: v for k, v in data.items() if k not in ("extends", "skip", "gates")}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -86,7 +87,7 @@ class LoadGenerator:
         self.workers: LocalWorkers | None = None
         self.collector: MasterCollector | None = None
         self.runner: Runner = self._create_runner()
-        self.hopeless: str | None = None  # why the load was stopped early, if it was
+        self.stopped_early: str | None = None  # why the load was stopped early, if it was
 
     def _create_runner(self) -> Runner:
         if not self.layout.distributed:
@@ -123,8 +124,14 @@ class LoadGenerator:
     def users(self) -> int:
         return int(self.runner.user_count)
 
-    def run_load(self, duration_s: float) -> None:
-        """Start users (shape or constant), hold for `duration_s`, stop them gracefully."""
+    def run_load(
+        self, duration_s: float, watch: Callable[[float], str | None] | None = None
+    ) -> None:
+        """Start users (shape or constant), hold for `duration_s`, stop them gracefully.
+
+        The load stops early when the target fails nearly everything (`_hopeless`) or when
+        `watch`, polled with the seconds elapsed, gives a reason (a gate with abort_on_fail
+        failed); `stopped_early` keeps the reason."""
         load = self.plan.load
         if self.env.shape_class is not None:
             self.runner.start_shape()
@@ -138,9 +145,10 @@ class LoadGenerator:
                 break  # the shape ended the test itself
             if self.workers is not None and self.workers.alive() == 0:
                 raise RuntimeError("every local Locust worker process exited; see worker*.log")
-            self.hopeless = self._hopeless(time.monotonic() - started)
-            if self.hopeless:
-                log.warning("stopping the load early: %s", self.hopeless)
+            elapsed = time.monotonic() - started
+            self.stopped_early = self._hopeless(elapsed) or (watch(elapsed) if watch else None)
+            if self.stopped_early:
+                log.warning("stopping the load early: %s", self.stopped_early)
                 break
         self.stop_users()
 

@@ -37,6 +37,7 @@ from harness.samplers.process import SamplerConfig
 from harness.sink import RecordSink
 from harness.target import ExternalDeployment, ReferenceDeployment, RunningTarget, make_deployment
 from harness.traffic import build_shape, build_user_classes
+from harness.watch import RunWatch
 from workloads.prompts import generator_for
 
 log = logging.getLogger(__name__)
@@ -82,6 +83,7 @@ class Orchestrator:
         self.loadgen: LoadGenerator | None = None
         self.faults: FaultScheduler | None = None
         self.probe_rows: list[dict[str, object]] = []  # release probe rows, written at teardown
+        self.aborted: dict[str, Any] | None = None  # the gate that stopped the load, if one did
         self.progress: Progress | None = None
         self.shape: Any = None
         self.gpus: list[dict[str, Any]] = []
@@ -240,9 +242,17 @@ class Orchestrator:
         self.clock.load_start = time.time()
         if self.faults is not None:
             self.faults.start(time.monotonic())
+        watch = RunWatch(
+            self.run_dir,
+            self.plan.resolve(self.plan.gates),
+            self.plan.report_every_s,
+            lambda: self._write_meta("running"),
+        )
         try:
-            self.loadgen.run_load(self.plan.load.duration_s)
+            self.loadgen.run_load(self.plan.load.duration_s, watch.tick if watch.needed else None)
         finally:
+            watch.close()
+            self.aborted = watch.aborted
             self.clock.load_end = time.time()
             if self.faults is not None:
                 self.faults.stop()
@@ -401,11 +411,12 @@ class Orchestrator:
             "windows": self._windows(),
             "phases": phases,
             "capacity": capacity,
+            "aborted": self.aborted,
             "load_generator": {
                 "mode": "distributed" if self.layout.distributed else "local",
                 "processes": self.layout.processes,
                 # why the load stopped before its planned end (load.stop_if_failing), if it did
-                "stopped_early": gen.hopeless if gen else None,
+                "stopped_early": gen.stopped_early if gen else None,
             },
             "records": {
                 "written": self.sink.total,

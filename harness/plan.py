@@ -210,6 +210,8 @@ class Plan(_Strict):
     faults: list[Fault] = Field(default_factory=list)
     samplers: Samplers = Field(default_factory=Samplers)
     gates: str | None = None  # gate file, relative to the plan; None: the built-in gates
+    # while the load runs, rewrite report.html (marked interim) this often; None: only at the end
+    report_every_s: float | None = Field(None, ge=10)
     output_dir: str = "runs"
     base_dir: str = Field(".", exclude=True)  # the plan file's folder, for relative paths
 

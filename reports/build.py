@@ -9,6 +9,7 @@ from __future__ import annotations
 import inspect
 import json
 import sys
+import time
 from collections import Counter
 from dataclasses import asdict
 from datetime import UTC, datetime
@@ -121,6 +122,10 @@ def _run_facts(run: RunData) -> dict[str, Any]:
         },
         "harness_version": run.meta.get("harness_version"),
         "stopped_early": (run.meta.get("load_generator") or {}).get("stopped_early"),
+        # meta.json says "running" while the load goes on: this report is an interim one
+        "interim_at_s": (
+            time.time() - run.t_start if run.meta.get("status") == "running" else None
+        ),
         "sources": run.sources,
         "outcomes": {str(k): int(v) for k, v in run.requests["outcome"].value_counts().items()},
     }

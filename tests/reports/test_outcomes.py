@@ -54,3 +54,13 @@ def test_a_server_without_events_shows_its_own_counters(tmp_path: Path) -> None:
         b.sample("vllm:num_preemptions_total", value, t, target="target")
     summary = write_reports(b.write(tmp_path / "run"))["markdown"].read_text()
     assert "preemptions +12 (`vllm:num_preemptions_total`)" in summary
+
+
+def test_a_report_written_while_the_run_goes_on_says_it_is_interim(tmp_path: Path) -> None:
+    b = RunBuilder().request("r", ttft_s=0.1)
+    final = write_reports(b.write(tmp_path / "done"))["markdown"].read_text()
+    assert "Interim" not in final
+    b.meta["status"] = "running"
+    paths = write_reports(b.write(tmp_path / "running"))
+    assert paths["markdown"].read_text().startswith("**Interim, at +")
+    assert 'id="interim"' in paths["html"].read_text()
