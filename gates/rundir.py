@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,7 +53,7 @@ class Table:
     """One table as read: exactly typed columns, where it came from, lines dropped."""
 
     frame: pd.DataFrame
-    source: str  # "parquet", "jsonl" or "absent"
+    source: str  # "parquet", "jsonl", "parts" (a long run before compaction) or "absent"
     dropped: int = 0
 
 
@@ -159,14 +160,45 @@ def read_meta(run_dir: Path) -> dict[str, Any]:
 
 
 def read_table(run_dir: Path, name: str) -> Table:
-    """Table `name` of `run_dir`: `<name>.parquet` when compacted, else `<name>.jsonl`."""
+    """Table `name` of `run_dir`: `<name>.parquet` when compacted; else the parts a long run
+    set aside (`<name>.part-NNNNN.parquet`, or its JSON lines while it is being converted)
+    in order, then `<name>.jsonl`."""
     parquet = run_dir / f"{name}.parquet"
     if parquet.is_file():
         return Table(_read_parquet(parquet, name), "parquet")
     jsonl = run_dir / f"{name}.jsonl"
+    parts = [path for _, path in part_files(run_dir, name)]
+    if not parts:
+        if jsonl.is_file():
+            return read_jsonl_table(jsonl, name)
+        return Table(rows_frame([], name, str), "absent")
+    pieces = [
+        Table(_read_parquet(p, name), "parquet")
+        if p.suffix == ".parquet"
+        else read_jsonl_table(p, name)
+        for p in parts
+    ]
     if jsonl.is_file():
-        return read_jsonl_table(jsonl, name)
-    return Table(rows_frame([], name, str), "absent")
+        pieces.append(read_jsonl_table(jsonl, name))
+    frame = pd.concat([t.frame for t in pieces], ignore_index=True)
+    return Table(frame, "parts", sum(t.dropped for t in pieces))
+
+
+PART_NAME = re.compile(r"^(?P<table>[a-z_]+)\.part-(?P<n>\d+)\.(?P<kind>parquet|jsonl)$")
+
+
+def part_files(run_dir: Path, name: str) -> list[tuple[int, Path]]:
+    """(number, path) of each part of table `name`, in order; a part both converted and not
+    yet removed as JSON lines counts once, as its Parquet file."""
+    found: dict[int, Path] = {}
+    for path in run_dir.glob(f"{name}.part-*"):
+        match = PART_NAME.match(path.name)
+        if match is None or match["table"] != name:
+            continue
+        n = int(match["n"])
+        if match["kind"] == "parquet" or n not in found:
+            found[n] = path
+    return sorted(found.items())
 
 
 def read_jsonl_table(path: Path, name: str) -> Table:
