@@ -2,8 +2,10 @@
 
 The harness writes these tables, gates and reports read them. While a run is going each
 table is an append-only JSON-lines file (`<table>.jsonl`, one object per line, flushed per
-line); at the end the harness compacts each into `<table>.parquet`. Readers prefer Parquet
-and fall back to JSON lines, so a crashed run can still be judged. All cross-process
+line); a long run sets each 200,000 rows aside as `<table>.part-NNNNN.parquet` (JSON lines
+until a child process has converted it), and at the end the harness compacts everything into
+`<table>.parquet`. Readers prefer Parquet, else read the parts in order and then the live
+JSON lines, so a crashed run can still be judged. All cross-process
 timestamps are epoch seconds (float); durations are seconds. The names every stage shares
 (traffic classes, priorities, outcomes, the request columns) come from `contract`.
 """
