@@ -38,6 +38,7 @@ from harness.sink import RecordSink
 from harness.target import ExternalDeployment, ReferenceDeployment, RunningTarget, make_deployment
 from harness.traffic import build_shape, build_user_classes
 from harness.watch import RunWatch
+from harness.webui import LiveState, blueprint, require_token
 from workloads.prompts import generator_for
 
 log = logging.getLogger(__name__)
@@ -66,8 +67,19 @@ class Clock:
 class Orchestrator:
     """Runs one plan into one run directory. Invariant: every process it starts, it stops."""
 
-    def __init__(self, plan: Plan, run_dir: Path, layout: Distribution, console: Console) -> None:
+    def __init__(
+        self,
+        plan: Plan,
+        run_dir: Path,
+        layout: Distribution,
+        console: Console,
+        web: tuple[str, int, str | None] | None = None,  # --web: host, port, token
+    ) -> None:
         self.plan = plan
+        self.web = web
+        self.web_ui: Any = None
+        self.live: LiveState | None = None
+        self.web_stop = False
         self.run_dir = run_dir
         self.layout = layout
         self.console = console
@@ -203,6 +215,8 @@ class Orchestrator:
                 proxy=self.proxy.client if self.proxy else None,
                 own_pids=self._helper_pids,
             )
+        if self.web is not None:
+            self._start_web(*self.web)
         self.progress = Progress(
             self.console,
             self.sink,
@@ -212,6 +226,34 @@ class Orchestrator:
             faults=self._faults_label,
         )
         self.progress.start()
+
+    def _start_web(self, host: str, port: int, token: str | None) -> None:
+        """Locust's web UI with the kvgate page (harness/webui.py)."""
+        assert self.loadgen is not None
+        config = (self.target_meta.get("config") or {}) if self.target_meta else {}
+        marks = ("admission_watermark", "hard_watermark")
+        watermarks = {k: float(config[k]) for k in marks if isinstance(config.get(k), int | float)}
+        self.live = LiveState(self.run_dir, self.sink, watermarks)
+        self.live.fault_kinds = self.faults.kinds if self.faults else []
+        self.web_ui = self.loadgen.env.create_web_ui(host=host, port=port)
+        if token:
+            self.web_ui.app.before_request(require_token(token))
+        self.web_ui.app.register_blueprint(
+            blueprint(self.live, self._stop_from_web, self._inject_from_web, token)
+        )
+        gevent.sleep(0.2)  # Locust binds its server in a greenlet: let it, to learn the port
+        bound = getattr(getattr(self.web_ui, "server", None), "server_port", port)
+        shown = f"http://{host}:{bound}/kvgate"
+        shown += f"?token={token}" if token else ""
+        self.console.print(f"kvgate: live page at {shown} (Locust's UI at /)", highlight=False)
+
+    def _stop_from_web(self) -> None:
+        self.web_stop = True
+
+    def _inject_from_web(self, kind: str) -> str:
+        if self.faults is None:
+            raise ValueError("the plan has no faults to inject")
+        return self.faults.inject_now(kind)
 
     def _helper_pids(self) -> list[int]:
         """kvgate's own helper processes, which no signal fault may pick."""
@@ -247,9 +289,20 @@ class Orchestrator:
             self.plan.resolve(self.plan.gates),
             self.plan.report_every_s,
             lambda: self._write_meta("running"),
+            all_gates=self.live is not None,
         )
+
+        def tick(elapsed_s: float) -> str | None:
+            if self.live is not None:
+                self.live.gates = watch.latest
+            if self.web_stop:
+                return "stopped from the web page"
+            return watch.tick(elapsed_s)
+
         try:
-            self.loadgen.run_load(self.plan.load.duration_s, watch.tick if watch.needed else None)
+            self.loadgen.run_load(
+                self.plan.load.duration_s, tick if watch.needed or self.live else None
+            )
         finally:
             watch.close()
             self.aborted = watch.aborted
@@ -325,6 +378,8 @@ class Orchestrator:
             self.faults.stop()  # interrupts running faults: their rollbacks run now
 
     def _stop_loadgen(self) -> None:
+        if self.web_ui is not None:
+            self.web_ui.stop()
         if self.loadgen is not None:
             self.loadgen.close()
 

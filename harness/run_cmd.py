@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import signal
 import sys
 import time
@@ -48,6 +49,14 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--worker", action="store_true", help="run as a Locust worker only")
     p.add_argument("--master", help="HOST:PORT of the master (with --worker)")
     p.add_argument("--no-gates", action="store_true", help="skip the gates and reports")
+    p.add_argument(
+        "--web",
+        nargs="?",
+        const="127.0.0.1:8089",
+        metavar="HOST:PORT",
+        help="serve Locust's web UI and the live kvgate page at /kvgate (default "
+        "127.0.0.1:8089; beyond loopback it needs a token: $KVGATE_WEB_TOKEN, or one is made)",
+    )
     p.add_argument("-v", "--verbose", action="store_true")
     return p
 
@@ -154,6 +163,7 @@ def _run(plan: Plan, args: argparse.Namespace) -> int:
     from harness.orchestrator import Orchestrator
     from harness.preflight import PreflightError, check_external
     from harness.traffic import TrafficError, build_shape, build_user_classes
+    from harness.webui import WebError, parse_bind
 
     console = Console(stderr=True)
     try:
@@ -164,8 +174,9 @@ def _run(plan: Plan, args: argparse.Namespace) -> int:
         if not args.no_gates:
             load_gate_file(plan.resolve(plan.gates))
         plan = check_external(plan)  # an external target answers and serves the model
+        web = parse_bind(args.web, os.environ.get("KVGATE_WEB_TOKEN")) if args.web else None
         run_dir = _run_dir(plan, args.out)
-    except (PlanError, TrafficError, GateSpecError, PreflightError) as exc:
+    except (PlanError, TrafficError, GateSpecError, PreflightError, WebError) as exc:
         print(f"kvgate run: {exc}", file=sys.stderr)
         return EXIT_USAGE
     layout = Distribution(
@@ -177,7 +188,7 @@ def _run(plan: Plan, args: argparse.Namespace) -> int:
     )
     console.print(f"kvgate: run directory {run_dir}", highlight=False)
     _sigterm_interrupts()
-    result = Orchestrator(plan, run_dir, layout, console).run()
+    result = Orchestrator(plan, run_dir, layout, console, web).run()
     if result.status == "interrupted":
         console.print(f"kvgate: interrupted; partial run in {run_dir}", highlight=False)
         return EXIT_INTERRUPTED

@@ -45,6 +45,9 @@ class RecordSink:
         # many of those failed: what the early stop of a hopeless run reads.
         self.judged = 0
         self.failed = 0
+        # for the live page: recent TTFTs per traffic class, refusals per reason
+        self._recent_ttft: dict[str, deque[tuple[float, float]]] = {}
+        self.refusals: Counter[str] = Counter()
 
     @property
     def total(self) -> int:
@@ -67,6 +70,11 @@ class RecordSink:
         now = time.monotonic()
         ttft = row.get("ttft_s")
         self._recent.append((now, outcome, float(ttft) if ttft is not None else None))
+        if ttft is not None:
+            klass = str(row.get("traffic_class"))
+            self._recent_ttft.setdefault(klass, deque()).append((now, float(ttft)))
+        if outcome == REJECTED:
+            self.refusals[str(row.get("error_code") or row.get("http_status"))] += 1
         while self._recent and self._recent[0][0] < now - RECENT_WINDOW_S:
             self._recent.popleft()
         return True
@@ -80,6 +88,18 @@ class RecordSink:
 
     def rate(self, window_s: float = 5.0) -> float:
         return len(self._since(window_s)) / window_s
+
+    def ttft_p95_by_class(self, window_s: float = 30.0) -> dict[str, float]:
+        """TTFT p95 (s) per traffic class over the last `window_s` (classes with answers)."""
+        cutoff = time.monotonic() - window_s
+        out = {}
+        for klass, recent in self._recent_ttft.items():
+            while recent and recent[0][0] < cutoff:
+                recent.popleft()
+            values = sorted(t for _, t in recent)
+            if values:
+                out[klass] = values[min(len(values) - 1, int(0.95 * len(values)))]
+        return out
 
     def ttft_p95(self, window_s: float = 30.0) -> float | None:
         values = sorted(t for _, outcome, t in self._since(window_s) if t is not None)

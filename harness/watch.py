@@ -31,6 +31,7 @@ class RunWatch:
         gates_file: Path | None,
         report_every_s: float | None,
         write_meta: Callable[[], None],
+        all_gates: bool = False,  # judge every gate, for the live page (`latest`)
     ) -> None:
         self.run_dir = run_dir
         self.gates_file = gates_file
@@ -44,17 +45,20 @@ class RunWatch:
         self._next_check = CHECK_EVERY_S
         self._next_report = report_every_s or 0.0
         self.aborted: dict[str, Any] | None = None
+        self.all_gates = all_gates
+        self.latest: list[dict[str, Any]] = []  # the last check's results
 
     @property
     def needed(self) -> bool:
-        return bool(self.abort_gates) or self.report_every_s is not None
+        return bool(self.abort_gates) or self.report_every_s is not None or self.all_gates
 
     def tick(self, elapsed_s: float) -> str | None:
         """Why the load must stop now (a gate with abort_on_fail failed), or None."""
         reason = self._read_check(elapsed_s)
         if reason:
             return reason
-        if self.abort_gates and self._check is None and elapsed_s >= self._next_check:
+        checking = bool(self.abort_gates) or self.all_gates
+        if checking and self._check is None and elapsed_s >= self._next_check:
             self._next_check = elapsed_s + CHECK_EVERY_S
             self.write_meta()
             self._check = self._spawn("check")
@@ -75,6 +79,7 @@ class RunWatch:
             results = json.loads(out or "[]")
         except ValueError:
             return None  # a half-written table: the next check reads it whole
+        self.latest = results
         for result in results:
             gate = self.abort_gates.get(result.get("id"))
             if gate is None or result.get("status") != "FAIL" or elapsed_s < gate.abort_grace_s:
@@ -89,8 +94,9 @@ class RunWatch:
 
     def _spawn(self, what: str) -> subprocess.Popen[str]:
         cmd = [sys.executable, "-m", "harness.watch", what, str(self.run_dir)]
-        if self.gates_file is not None:
-            cmd.append(str(self.gates_file))
+        cmd.append(str(self.gates_file) if self.gates_file is not None else "builtin")
+        if what == "check" and self.all_gates:
+            cmd.append("--all")
         return subprocess.Popen(
             cmd,
             stdout=subprocess.PIPE,
@@ -106,26 +112,35 @@ class RunWatch:
                 proc.wait()
 
 
-def _check(run_dir: Path, gates_file: Path | None) -> list[dict[str, Any]]:
+def _check(run_dir: Path, gates_file: Path | None, every: bool) -> list[dict[str, Any]]:
     from gates.evaluator import judge
     from gates.rundir import load_run
 
     run = load_run(run_dir)
-    gates = [g for g in load_gate_file(gates_file).gates if g.abort_on_fail]
+    gates = [g for g in load_gate_file(gates_file).gates if every or g.abort_on_fail]
     return [
-        {"id": r.id, "status": str(r.status), "message": r.message}
+        {
+            "id": r.id,
+            "status": str(r.status),
+            "message": r.message,
+            "value_text": r.value_text(),
+            "threshold": r.threshold,
+        }
         for r in (judge(run, g) for g in gates)
     ]
 
 
 def main(argv: Sequence[str]) -> int:
-    if len(argv) < 2 or argv[0] not in ("check", "report"):
-        print("usage: python -m harness.watch check|report RUN_DIR [GATES]", file=sys.stderr)
+    if len(argv) < 3 or argv[0] not in ("check", "report"):
+        print(
+            "usage: python -m harness.watch check|report RUN_DIR GATES|builtin [--all]",
+            file=sys.stderr,
+        )
         return 2
     run_dir = Path(argv[1])
-    gates_file = Path(argv[2]) if len(argv) > 2 else None
+    gates_file = None if argv[2] == "builtin" else Path(argv[2])
     if argv[0] == "check":
-        print(json.dumps(_check(run_dir, gates_file)))
+        print(json.dumps(_check(run_dir, gates_file, "--all" in argv[3:])))
         return 0
     from reports import write_reports
 

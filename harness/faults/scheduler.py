@@ -58,6 +58,20 @@ class FaultScheduler:
             delay = max(0.0, load_start_monotonic + fault.at_s - time.monotonic())
             self._greenlets.append(gevent.spawn_later(delay, self._run, fault, action))
 
+    def inject_now(self, kind: str) -> str:
+        """Fire the plan's first fault of `kind` now, once more (the live page's control); it
+        is journaled like a scheduled one, its params saying `injected: now`."""
+        for fault, action in zip(self.faults, self.actions, strict=True):
+            if fault.kind == kind:
+                self._greenlets.append(gevent.spawn(self._run, fault, action, True))
+                return f"{kind} fault injected on {action.target}"
+        kinds = ", ".join(sorted({f.kind for f in self.faults})) or "none"
+        raise ValueError(f"the plan has no {kind} fault to inject; its kinds: {kinds}")
+
+    @property
+    def kinds(self) -> list[str]:
+        return sorted({f.kind for f in self.faults})
+
     def stop(self) -> None:
         """Cancel faults not yet fired; interrupt running ones so their rollbacks run now."""
         for greenlet in self._greenlets:
@@ -66,8 +80,9 @@ class FaultScheduler:
         limit = max((a.rollback_limit_s for a in self.actions), default=0.0) + STOP_GRACE_S
         gevent.killall([g for g in self._greenlets if g.started], block=True, timeout=limit)
 
-    def _run(self, fault: FaultSpec, action: FaultAction) -> None:
-        record = FaultRecord(uuid.uuid4().hex[:12], fault.kind, action.target, fault.model_dump())
+    def _run(self, fault: FaultSpec, action: FaultAction, now: bool = False) -> None:
+        params = {**fault.model_dump(), **({"injected": "now"} if now else {})}
+        record = FaultRecord(uuid.uuid4().hex[:12], fault.kind, action.target, params)
         self.fired += 1
         try:
             try:
