@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import gevent
+from locust.runners import STATE_STOPPED
 from rich.console import Console
 
 from gates import schema
@@ -297,6 +298,9 @@ class Orchestrator:
                 self.live.gates = watch.latest
             if self.web_stop:
                 return "stopped from the web page"
+            gen = self.loadgen
+            if self.live is not None and gen is not None and gen.runner.state == STATE_STOPPED:
+                return "stopped from Locust's web UI"  # its own stop button
             return watch.tick(elapsed_s)
 
         try:
