@@ -71,6 +71,29 @@ REJECT_STATUS: Final = MappingProxyType(
     }
 )
 REJECT_CODES: Final = tuple(REJECT_STATUS)
+# Why a server refused: `capacity` (no room: the pool, a watermark, a full queue, a queue
+# deadline) is the server's limit; `policy` (a tenant's quota, a priority its key lacks) is a
+# rule applied to one tenant. A capacity test's knee is where capacity refusals start;
+# policy refusals are reported beside it and never end the ramp.
+REJECT_CAUSES: Final = MappingProxyType(
+    {
+        "capacity": ("capacity", "deadline_expired", "queue_full"),
+        "policy": ("tenant_quota", "priority_not_allowed", "priority_budget"),
+    }
+)
+
+
+def rejection_cause(http_status: float | None, error_code: str | None) -> str | None:
+    """`capacity`, `policy` or None for one refused request: by its error code when a
+    server names one (REJECT_CAUSES), else by status (503: capacity, 429: policy)."""
+    for cause, codes in REJECT_CAUSES.items():
+        if error_code in codes:
+            return cause
+    if http_status == 503:
+        return "capacity"
+    if http_status == 429:
+        return "policy"
+    return None
 # Statuses that mean "not now": they carry Retry-After, and a client counts them as refused
 # whatever the body says. An explicit refusal is one of these, not a timeout.
 RETRY_STATUSES: Final = (429, 503)

@@ -49,7 +49,7 @@ class RunMeta(_Open):
     sim_lag_bound_ms: Number | None = None
     windows: dict[str, tuple[Number, Number] | None] | None = None
     phases: list[Phase] | None = None
-    capacity: dict[str, Number | None] | None = None
+    capacity: dict[str, Any] | None = None  # knees (user counts), stop_reason, steps
 
 
 def meta_problems(meta: dict[str, Any]) -> list[str]:

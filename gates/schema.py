@@ -121,7 +121,11 @@ FLOAT_COLUMNS = frozenset(
 #   sim_lag_ms_p99 (float | None), sim_lag_bound_ms (float),
 #   windows: {"stress": [t0, t1], "idle_before": [t0, t1] | None, "after_load": [t0, t1] | None},
 #   phases: list of {"name": "peak" | "trough" | ..., "t0", "t1"} from the load shape,
-#   capacity: {"rejection_started_users": int | None, "timeouts_started_users": int | None}
+#   capacity: {"rejection_started_users": int | None (the capacity knee: capacity refusals),
+#              "policy_rejection_started_users", "slo_broken_users", "timeouts_started_users":
+#              int | None, "stop_reason": str | None, "steps": [{"index", "users", "t0", "t1",
+#              "requests", "rejected", "rejected_capacity", "rejected_policy", "rejected_other",
+#              "timeouts", "ttft_p95_s"}] | None}
 META_KEYS = (
     "plan",
     "target",

@@ -429,7 +429,13 @@ class Orchestrator:
                 phases.append({"name": phase["name"], "t0": t0, "t1": min(t1, end)})
         capacity = {
             "rejection_started_users": getattr(self.shape, "rejection_started_users", None),
+            "policy_rejection_started_users": getattr(
+                self.shape, "policy_rejection_started_users", None
+            ),
+            "slo_broken_users": getattr(self.shape, "slo_broken_users", None),
             "timeouts_started_users": getattr(self.shape, "timeouts_started_users", None),
+            "stop_reason": getattr(self.shape, "stop_reason", None),
+            "steps": getattr(self.shape, "steps", None),
         }
         return phases, capacity
 

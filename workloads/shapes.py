@@ -29,6 +29,7 @@ from typing import Any, ClassVar
 
 from locust import LoadTestShape, User
 
+import contract
 from workloads.records import RequestRecord, install_record_hook
 
 Tick = tuple[int, float] | tuple[int, float, list[type[User]] | None] | None
@@ -72,11 +73,15 @@ class RecordingShape(LoadTestShape):
 
 
 class StepRampShape(RecordingShape):
-    """Adds `step_users` every `step_s` until the server rejects (or times out) too much.
+    """Adds `step_users` every `step_s` until the server reaches its capacity.
 
-    Stops when timeouts pass `timeout_threshold`, `overload_steps` steps after rejections
-    passed `rejection_threshold` (to see whether overload turns into timeouts), at
-    `max_users` after its step, or at `max_duration_s`.
+    Refusals are told apart by cause (contract.rejection_cause): the capacity knee is the
+    first step whose *capacity* refusals pass `rejection_threshold` (the server's own limit);
+    policy refusals (one tenant's quota) are counted and their step recorded, but never end
+    the ramp. With `slo_ttft_p95_s`, a step whose TTFT p95 passes it is a knee too (the SLO
+    knee). Stops when timeouts pass `timeout_threshold`, `overload_steps` steps after the
+    capacity or SLO knee (to see whether overload turns into timeouts), at `max_users` after
+    its step, or at `max_duration_s`.
     """
 
     abstract = False
@@ -90,15 +95,20 @@ class StepRampShape(RecordingShape):
     min_requests: ClassVar[int] = 20
     overload_steps: ClassVar[int] = 1
     max_duration_s: ClassVar[float] = 3600.0
+    slo_ttft_p95_s: ClassVar[float | None] = None
 
     def __init__(self) -> None:
         super().__init__()
         self.steps: list[dict[str, Any]] = []
         self._step_starts: list[float] = []
-        self.rejection_started_users: int | None = None
+        self._ttfts: list[list[float]] = []  # per step, the answered requests' TTFT
+        self.rejection_started_users: int | None = None  # the capacity knee
+        self.policy_rejection_started_users: int | None = None
+        self.slo_broken_users: int | None = None
         self.timeouts_started_users: int | None = None
         self.stop_reason: str | None = None
         self._rejection_step: int | None = None
+        self._knee_cause = "rejections"
         self._listening = False
 
     def tick(self) -> Tick:
@@ -126,8 +136,13 @@ class StepRampShape(RecordingShape):
             return  # sent before the ramp began: not load this shape applied
         step = self.steps[position]
         step["requests"] += 1
-        step["rejected"] += record.outcome == "rejected"
         step["timeouts"] += record.outcome == "timeout"
+        if record.outcome == "rejected":
+            step["rejected"] += 1
+            cause = contract.rejection_cause(record.http_status, record.error_code)
+            step[f"rejected_{cause or 'other'}"] += 1
+        if record.ttft_s is not None:
+            self._ttfts[position].append(float(record.ttft_s))
 
     def _listen(self) -> None:
         if self._listening:
@@ -150,28 +165,48 @@ class StepRampShape(RecordingShape):
                 "t1": None,
                 "requests": 0,
                 "rejected": 0,
+                "rejected_capacity": 0,
+                "rejected_policy": 0,
+                "rejected_other": 0,
                 "timeouts": 0,
+                "ttft_p95_s": None,
             }
         )
         self._step_starts.append(t0)
+        self._ttfts.append([])
 
     def _judge(self) -> None:
         """Finds the first steps whose rejection / timeout shares crossed their thresholds;
         late records can move an earlier step over, so every step is looked at again."""
-        for step in self.steps:
+        for step, ttfts in zip(self.steps, self._ttfts, strict=True):
             if step["requests"] < self.min_requests:
                 continue
-            if (
-                self.rejection_started_users is None
-                and step["rejected"] / step["requests"] >= self.rejection_threshold
-            ):
+            share = step["rejected_capacity"] / step["requests"]
+            if self.rejection_started_users is None and share >= self.rejection_threshold:
                 self.rejection_started_users = step["users"]
-                self._rejection_step = step["index"]
+                self._knee(step["index"], "rejections")
+            policy = step["rejected_policy"] / step["requests"]
+            if self.policy_rejection_started_users is None and policy >= self.rejection_threshold:
+                self.policy_rejection_started_users = step["users"]
+            if ttfts:
+                ordered = sorted(ttfts)
+                step["ttft_p95_s"] = ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))]
+            slo = self.slo_ttft_p95_s
+            p95 = step["ttft_p95_s"]
+            if slo is not None and self.slo_broken_users is None and p95 is not None and p95 > slo:
+                self.slo_broken_users = step["users"]
+                self._knee(step["index"], "slo")
             if (
                 self.timeouts_started_users is None
                 and step["timeouts"] / step["requests"] >= self.timeout_threshold
             ):
                 self.timeouts_started_users = step["users"]
+
+    def _knee(self, index: int, cause: str) -> None:
+        """The first step past capacity or the SLO: overload_steps more are run after it."""
+        if self._rejection_step is None or index < self._rejection_step:
+            self._rejection_step = index
+            self._knee_cause = cause
 
     def _stop_reason(self, run_time: float, index: int) -> str | None:
         if run_time >= self.max_duration_s:
@@ -179,7 +214,7 @@ class StepRampShape(RecordingShape):
         if self.timeouts_started_users is not None:
             return "timeouts"
         if self._rejection_step is not None and index > self._rejection_step + self.overload_steps:
-            return "rejections"
+            return self._knee_cause
         last_index = -(-(self.max_users - self.start_users) // max(self.step_users, 1))
         if index > max(last_index, 0):
             return "max_users"

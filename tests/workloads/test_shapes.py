@@ -56,10 +56,19 @@ def drive(shape: RecordingShape, clock: FakeClock, until_s: float) -> list[Any]:
     return ticks
 
 
-def fire(env: Environment, shape: RecordingShape, outcome: str, count: int) -> None:
+def fire(
+    env: Environment,
+    shape: RecordingShape,
+    outcome: str,
+    count: int,
+    status: int | None = None,
+    code: str | None = None,
+    ttft_s: float | None = None,
+) -> None:
     meta = RequestMeta("batch", "batchco", "batch", None, 8, 8, "batch")
     for _ in range(count):
         result = StreamResult(request_id="r", t_send=shape.now_epoch() + 0.25, outcome=outcome)
+        result.http_status, result.error_code, result.ttft_s = status, code, ttft_s
         install_record_hook(env).fire(record=build_record(meta, result))
 
 
@@ -73,7 +82,7 @@ def test_step_ramp_stops_after_rejections_start_and_records_the_load() -> None:
         users = tick[0]
         # The server rejects 10 % of requests from 40 users on, and never times out.
         fire(env, shape, "ok", 30)
-        fire(env, shape, "rejected", 4 if users >= 40 else 0)
+        fire(env, shape, "rejected", 4 if users >= 40 else 0, status=503)
         clock.t += 1.0
         assert clock.t < 200, "the ramp never stopped"
     assert shape.finished and shape.stop_reason == "rejections"
@@ -82,6 +91,33 @@ def test_step_ramp_stops_after_rejections_start_and_records_the_load() -> None:
     assert [p["name"] for p in shape.phases] == [f"step_{i}" for i in range(5)]
     assert all(p["t1"] is not None and p["t1"] > p["t0"] > 1e9 for p in shape.phases)
     assert shape.tick() is None
+
+
+def test_the_capacity_knee_is_where_capacity_refusals_start_not_one_tenants_quota() -> None:
+    shape = type("Ramp", (StepRampShape,), {"step_s": 10, "overload_steps": 1})()
+    clock, env = attach(shape)
+    while (tick := shape.tick()) is not None:
+        users = tick[0]
+        fire(env, shape, "ok", 30)
+        # one tenant over its quota from 20 users on; the pool full from 50
+        fire(env, shape, "rejected", 3 if users >= 20 else 0, status=429, code="tenant_quota")
+        fire(env, shape, "rejected", 3 if users >= 50 else 0, status=503, code="capacity")
+        clock.t += 1.0
+        assert clock.t < 300, "the ramp never stopped"
+    assert shape.policy_rejection_started_users == 20 and shape.rejection_started_users == 50
+    assert shape.stop_reason == "rejections" and shape.steps[-1]["users"] == 60
+    assert shape.steps[-1]["rejected_policy"] > 0 and shape.steps[-1]["rejected_capacity"] > 0
+
+
+def test_a_step_past_the_ttft_slo_is_a_knee_too() -> None:
+    shape = type("Ramp", (StepRampShape,), {"step_s": 10, "slo_ttft_p95_s": 0.9})()
+    clock, env = attach(shape)
+    while (tick := shape.tick()) is not None:
+        fire(env, shape, "ok", 30, ttft_s=0.3 if tick[0] < 40 else 1.5)
+        clock.t += 1.0
+        assert clock.t < 300, "the ramp never stopped"
+    assert shape.slo_broken_users == 40 and shape.rejection_started_users is None
+    assert shape.stop_reason == "slo" and shape.steps[2]["ttft_p95_s"] == 0.3
 
 
 def test_step_ramp_stops_at_once_when_timeouts_start() -> None:
