@@ -232,24 +232,31 @@ def preempted(run: RunData) -> Figure:
     return chart, {"fates": {str(k): int(v) for k, v in fates.items()}}
 
 
+CAPACITY_KNEES = (
+    ("rejection_started_users", "capacity refusals started"),
+    ("policy_rejection_started_users", "policy refusals started"),
+    ("slo_broken_users", "TTFT SLO broken"),
+    ("timeouts_started_users", "timeouts started"),
+)
+
+
 def capacity(run: RunData) -> Figure:
     cap = run.meta.get("capacity") or {}
-    rejection = cap.get("rejection_started_users")
-    timeouts = cap.get("timeouts_started_users")
-    found = [v for v in (rejection, timeouts) if isinstance(v, int | float)]
+    knees = {key: cap.get(key) for key, _ in CAPACITY_KNEES}
+    found = [v for v in knees.values() if isinstance(v, int | float)]
     chart = BarChart(
         id="capacity",
-        title="Capacity knee: where rejection started vs where timeouts started",
+        title="Capacity knees: where refusals (by cause), SLO breaches and timeouts started",
         y_label="concurrent users",
-        categories=["rejection started", "timeouts started"] if found else [],
-        groups={"users": [rejection, timeouts]},
+        categories=[label for _, label in CAPACITY_KNEES] if found else [],
+        groups={"users": list(knees.values())},
         empty="the load shape did not search for capacity (meta.capacity is empty)",
         caption=(
-            "Rejection starting first is the real capacity; "
-            "timeouts before rejections mean the server queues blindly."
+            "Capacity refusals starting first is the real capacity; a tenant's quota (policy "
+            "refusals) is not; timeouts before refusals mean the server queues blindly."
         ),
     )
-    return chart, {"rejection_started_users": rejection, "timeouts_started_users": timeouts}
+    return chart, {**knees, "stop_reason": cap.get("stop_reason"), "steps": cap.get("steps")}
 
 
 def reservation(run: RunData) -> Figure:
