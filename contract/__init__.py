@@ -12,6 +12,7 @@ stage into another.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Final
@@ -235,6 +236,12 @@ TTFT_CRITICAL_P95_S: Final = 0.9  # p95 time to first token of critical traffic,
 CANCEL_RELEASE_P99_S: Final = 2.0  # p99 cancel to blocks released, under
 TENANT_MAX_SHARE: Final = 0.15  # no tenant holds more of the KV pool than this
 PREEMPTED_COMPLETION_MIN: Final = 0.99  # share of preempted requests that finish, above
+# The SLO a request must meet to count as goodput (DistServe's definition: served, first token
+# within its class's TTFT limit, and each later token within TPOT).
+GOODPUT_TTFT_S: Final = MappingProxyType(
+    {"critical": TTFT_CRITICAL_P95_S, "interactive": 2.0, "batch": math.inf}
+)
+GOODPUT_TPOT_S: Final = 0.1
 
 # -- faults ---------------------------------------------------------------------------------
 # A plan's `faults[].kind`, and the faults table's `kind`. The replica kinds act through the

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from gates import (
+    metrics_capacity,
     metrics_client,
     metrics_drift,
     metrics_requests,
@@ -15,6 +16,7 @@ __all__ = [
     "REGISTRY",
     "MetricDef",
     "Observations",
+    "metrics_capacity",
     "metrics_client",
     "metrics_drift",
     "metrics_requests",

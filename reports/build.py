@@ -18,6 +18,7 @@ from typing import Any
 
 from gates import schema
 from gates.evaluator import evaluate_run
+from gates.metrics_capacity import curve as capacity_curve
 from gates.metrics_security import side_channel
 from gates.rundir import RunData, load_run
 from gates.verdict import Status, Verdict, _clean
@@ -131,6 +132,32 @@ def _run_facts(run: RunData) -> dict[str, Any]:
     }
 
 
+def capacity_rows(run: RunData) -> list[dict[str, str]]:
+    """The capacity curve (gates/metrics_capacity.py) as display strings, one per step."""
+    table = capacity_curve(run)
+
+    def show(value: Any, digits: str = ".3g") -> str:
+        return (
+            ""
+            if value is None or (isinstance(value, float) and value != value)
+            else format(value, digits)
+        )
+
+    return [
+        {
+            "users": show(r.get("users"), "g"),
+            "sent": show(r.get("sent"), "g"),
+            "completed": show(r.get("completed_per_s"), ".2f"),
+            "goodput": show(r.get("goodput_per_s"), ".2f"),
+            "ttft_p95": show(r.get("ttft_p95_critical", r.get("ttft_p95_interactive"))),
+            "pool": show(r.get("pool_usage"), ".2f"),
+            "refused": f"{r.get('refused_capacity', 0)} / {r.get('refused_policy', 0)}",
+            "timeouts": show(r.get("timeouts"), "g"),
+        }
+        for r in table.to_dict("records")
+    ]
+
+
 def _kind(run: RunData) -> str | None:
     target = run.meta.get("target") or {}
     return target.get("kind") if isinstance(target, dict) else None
@@ -195,6 +222,7 @@ def _context(run: RunData, verdict: Verdict, charts: list[Rendered]) -> dict[str
         "scrape_problems": scrape_problems(run),
         "release_probe": release_probe(run),
         "token_ratio": token_ratio(run),
+        "capacity_steps": capacity_rows(run),
         "server_counters": server_counters(run) if _kind(run) != "reference" else [],
         "not_applicable": verdict.not_applicable,
     }

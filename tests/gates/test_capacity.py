@@ -1,0 +1,60 @@
+"""Capacity runs: the curve per step, goodput at the SLO, the capacity gates."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gates.evaluator import evaluate_run
+from gates.metrics_capacity import curve
+from gates.rundir import load_run
+from gates.verdict import Status
+from tests.gates.builder import T0, RunBuilder
+
+CAPACITY_GATES = Path(__file__).resolve().parents[2] / "gates" / "capacity.yaml"
+
+
+def ramp(knee_users: int | None) -> RunBuilder:
+    """Steps of 10 s at 10, 20 .. 60 users; each sends 10 requests per user-step; from the
+    knee on, half the critical requests take 3 s to their first token."""
+    b = RunBuilder()
+    steps = []
+    for i, users in enumerate(range(10, 70, 10)):
+        t0 = 10 + 10 * i
+        past = knee_users is not None and users >= knee_users
+        for j in range(users):
+            slow = past and j % 2 == 0
+            b.request(
+                f"s{i}-{j}", t=t0 + j * 10 / users, priority="critical",
+                ttft_s=3.0 if slow else 0.2, e2e_s=3.5 if slow else 0.5, itl_mean_s=0.02,
+            )  # fmt: skip
+        steps.append({"index": i, "users": users, "t0": T0 + t0, "t1": T0 + t0 + 10,
+                      "requests": users, "rejected_capacity": 0, "rejected_policy": 0})  # fmt: skip
+    b.meta["capacity"] = {"steps": steps, "slo_broken_users": knee_users}
+    return b
+
+
+def test_the_curve_has_throughput_and_goodput_per_step(tmp_path: Path) -> None:
+    table = curve(load_run(ramp(knee_users=40).write(tmp_path / "run")))
+    assert list(table["users"]) == [10, 20, 30, 40, 50, 60]
+    assert table.loc[2, "completed_per_s"] == 3.0 and table.loc[2, "goodput_per_s"] == 3.0
+    assert table.loc[3, "goodput_per_s"] == 2.0  # half of 40 late: half the goodput
+    assert table.loc[3, "ttft_p95_critical"] > 0.9 > table.loc[2, "ttft_p95_critical"]
+
+
+def test_the_capacity_gates_judge_the_last_load_below_every_knee(tmp_path: Path) -> None:
+    weak = evaluate_run(ramp(knee_users=40).write(tmp_path / "weak"), gates_file=CAPACITY_GATES)
+    gates = {g.id: g for g in weak.gates}
+    assert gates["capacity_at_slo"].value == 30 and gates["capacity_at_slo"].status == Status.FAIL
+    assert weak.status == Status.FAIL
+    assert gates["ttft_critical_p95"].status == Status.NA  # judged per step instead
+    strong = evaluate_run(ramp(knee_users=None).write(tmp_path / "ok"), gates_file=CAPACITY_GATES)
+    held = {g.id: g for g in strong.gates}
+    assert held["capacity_at_slo"].value == 60 and held["capacity_at_slo"].status == Status.PASS
+    assert held["goodput_at_slo"].value == 6.0 and held["goodput_at_slo"].status == Status.PASS
+
+
+def test_the_summary_shows_the_capacity_curve(tmp_path: Path) -> None:
+    from reports import write_reports
+
+    summary = write_reports(ramp(knee_users=40).write(tmp_path / "run"))["markdown"].read_text()
+    assert "### Capacity, step by step" in summary and "| 40 | 40 | 4.00 | 2.00 |" in summary
