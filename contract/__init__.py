@@ -95,6 +95,8 @@ def rejection_cause(http_status: float | None, error_code: str | None) -> str | 
     if http_status == 429:
         return "policy"
     return None
+
+
 # Statuses that mean "not now": they carry Retry-After, and a client counts them as refused
 # whatever the body says. An explicit refusal is one of these, not a timeout.
 RETRY_STATUSES: Final = (429, 503)
