@@ -435,6 +435,9 @@ class Orchestrator:
             "slo_broken_users": getattr(self.shape, "slo_broken_users", None),
             "timeouts_started_users": getattr(self.shape, "timeouts_started_users", None),
             "stop_reason": getattr(self.shape, "stop_reason", None),
+            # the bisection's bracket: the highest load that held, the lowest that did not
+            "capacity_users": getattr(self.shape, "capacity_users", None),
+            "capacity_bound_users": getattr(self.shape, "capacity_bound_users", None),
             "steps": getattr(self.shape, "steps", None),
         }
         return phases, capacity

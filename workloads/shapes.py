@@ -82,6 +82,12 @@ class StepRampShape(RecordingShape):
     knee). Stops when timeouts pass `timeout_threshold`, `overload_steps` steps after the
     capacity or SLO knee (to see whether overload turns into timeouts), at `max_users` after
     its step, or at `max_duration_s`.
+
+    With `bisect_steps`, the ramp then searches the knee as vLLM's SLA sweep does: up to
+    that many more steps, each at the midpoint between the highest load that held
+    (no capacity refusals, SLO met, no timeouts) and the lowest that did not, until they are
+    `bisect_resolution_users` apart. `capacity_users` and `capacity_bound_users` bracket the
+    capacity: the first held, the second did not.
     """
 
     abstract = False
@@ -96,6 +102,8 @@ class StepRampShape(RecordingShape):
     overload_steps: ClassVar[int] = 1
     max_duration_s: ClassVar[float] = 3600.0
     slo_ttft_p95_s: ClassVar[float | None] = None
+    bisect_steps: ClassVar[int] = 0
+    bisect_resolution_users: ClassVar[int] = 2
 
     def __init__(self) -> None:
         super().__init__()
@@ -110,6 +118,9 @@ class StepRampShape(RecordingShape):
         self._rejection_step: int | None = None
         self._knee_cause = "rejections"
         self._listening = False
+        self._probes = 0
+        self.capacity_users: int | None = None
+        self.capacity_bound_users: int | None = None
 
     def tick(self) -> Tick:
         if self.finished:
@@ -117,18 +128,60 @@ class StepRampShape(RecordingShape):
         self._listen()
         run_time = self.get_run_time()
         index = int(run_time // self.step_s)
-        users = min(self.start_users + index * self.step_users, self.max_users)
         self._judge()
         reason = self._stop_reason(run_time, index)
+        if reason is None and index >= len(self.steps):
+            users, reason = self._next_step(index)
+            if reason is None:
+                self._start_step(index, users)
         if reason is not None:
+            self._bracket()
             self.stop_reason = reason
             self.finish()
             if self.steps:
                 self.steps[-1]["t1"] = self.phases[-1]["t1"]
             return None
-        if index >= len(self.steps):
-            self._start_step(index, users)
-        return users, self.spawn_rate
+        return self.steps[-1]["users"], self.spawn_rate
+
+    def _next_step(self, index: int) -> tuple[int, str | None]:
+        """(users of the step beginning now, or why the ramp ends instead)."""
+        ramp = min(self.start_users + index * self.step_users, self.max_users)
+        knee = self._rejection_step
+        last_index = -(-(self.max_users - self.start_users) // max(self.step_users, 1))
+        if knee is None and index > max(last_index, 0):
+            return ramp, "max_users"
+        if knee is None or index <= knee + self.overload_steps:
+            return ramp, None
+        if self._probes < self.bisect_steps:
+            held, failed = self._bracket()
+            gap = failed - held if held is not None and failed is not None else 0
+            if held is not None and failed is not None and gap > self.bisect_resolution_users:
+                self._probes += 1
+                return (held + failed) // 2, None
+        return ramp, ("bisected" if self._probes else self._knee_cause)
+
+    def _bracket(self) -> tuple[int | None, int | None]:
+        """(highest load that held, lowest that did not), from the steps judged so far."""
+        judged = [s for s in self.steps if s["requests"] >= self.min_requests]
+        failed = [s["users"] for s in judged if self._step_failed(s)]
+        lowest_failed = min(failed, default=None)
+        held = [
+            s["users"]
+            for s in judged
+            if not self._step_failed(s) and (lowest_failed is None or s["users"] < lowest_failed)
+        ]
+        self.capacity_users = max(held, default=None)
+        self.capacity_bound_users = lowest_failed
+        return self.capacity_users, lowest_failed
+
+    def _step_failed(self, step: dict[str, Any]) -> bool:
+        n = step["requests"]
+        slo, p95 = self.slo_ttft_p95_s, step["ttft_p95_s"]
+        return (
+            step["rejected_capacity"] / n >= self.rejection_threshold
+            or step["timeouts"] / n >= self.timeout_threshold
+            or (slo is not None and p95 is not None and p95 > slo)
+        )
 
     def on_record(self, record: RequestRecord, **_kwargs: Any) -> None:
         position = bisect.bisect_right(self._step_starts, record.t_send) - 1
@@ -213,11 +266,6 @@ class StepRampShape(RecordingShape):
             return "max_duration"
         if self.timeouts_started_users is not None:
             return "timeouts"
-        if self._rejection_step is not None and index > self._rejection_step + self.overload_steps:
-            return self._knee_cause
-        last_index = -(-(self.max_users - self.start_users) // max(self.step_users, 1))
-        if index > max(last_index, 0):
-            return "max_users"
         return None
 
 

@@ -120,6 +120,21 @@ def test_a_step_past_the_ttft_slo_is_a_knee_too() -> None:
     assert shape.stop_reason == "slo" and shape.steps[2]["ttft_p95_s"] == 0.3
 
 
+def test_bisection_brackets_the_capacity_between_the_ramp_steps() -> None:
+    attrs = {"step_s": 10, "bisect_steps": 4, "bisect_resolution_users": 2, "overload_steps": 0}
+    shape = type("Ramp", (StepRampShape,), attrs)()
+    clock, env = attach(shape)
+    while (tick := shape.tick()) is not None:
+        fire(env, shape, "ok", 30)
+        # the pool holds 33 users: refusals from 34 on
+        fire(env, shape, "rejected", 3 if tick[0] >= 34 else 0, status=503, code="capacity")
+        clock.t += 1.0
+        assert clock.t < 400, "the search never ended"
+    assert [s["users"] for s in shape.steps] == [10, 20, 30, 40, 35, 32, 33]
+    assert (shape.capacity_users, shape.capacity_bound_users) == (33, 35)
+    assert shape.stop_reason == "bisected" and shape.rejection_started_users == 40
+
+
 def test_step_ramp_stops_at_once_when_timeouts_start() -> None:
     shape = type("Ramp", (StepRampShape,), {"step_s": 5, "min_requests": 5})()
     clock, env = attach(shape)
