@@ -81,11 +81,17 @@ def _mean_in(samples: pd.DataFrame, t0: float, t1: float) -> float | None:
 
 
 def _good_steps(table: pd.DataFrame, run: RunData) -> pd.DataFrame:
-    """Steps below every knee: no capacity refusals past the threshold, SLO held."""
+    """Steps below every knee: no capacity refusals past the threshold, SLO held. After a
+    bisection, the lowest load that did not hold (`capacity_bound_users`) is the knee."""
     cap = run.meta.get("capacity") or {}
     knees = [
         cap.get(k)
-        for k in ("rejection_started_users", "slo_broken_users", "timeouts_started_users")
+        for k in (
+            "rejection_started_users",
+            "slo_broken_users",
+            "timeouts_started_users",
+            "capacity_bound_users",
+        )
     ]
     first = min((float(k) for k in knees if isinstance(k, int | float)), default=np.inf)
     return table[table["users"].astype(float) < first]
@@ -101,7 +107,7 @@ def capacity_at_slo(run: RunData, flt: GateFilter, params: Mapping[str, Any]) ->
     good = _good_steps(table, run)
     if good.empty:
         return Observations.none("even the first step was past a knee: no load met the SLO")
-    best = good.iloc[-1]
+    best = good.loc[good["users"].astype(float).idxmax()]
     frame = pd.DataFrame(
         {"value": [float(best["users"])], "t": [float(best["t0"])], "detail": [
             f"{int(best['users'])} users held: {best['completed_per_s']:.2f} completed/s, "
