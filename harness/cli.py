@@ -19,6 +19,7 @@ commands:
   gate RUN_DIR          evaluate the release gates over a run directory
   report RUN_DIR        write report.html, summary.md and report.json for a run
   compare CAND BASE     rollback decision: candidate run against a baseline run
+  capacity RUN [RUN...] capacity runs side by side: goodput and latency against load
   qualify PLAN [--runs N] [--mutants all|a,b] [--set K=V] [--json]
                         prove each gate catches its mutants; false alarms over N runs
   bench scheduler|server|client|analysis|proxy [--json]
@@ -34,6 +35,7 @@ IN_PROCESS = {
     "gate": "gates.cli:main",
     "report": "reports.cli:main",
     "compare": "reports.compare_cmd:main",
+    "capacity": "reports.capacity_cmd:main",
     "qualify": "harness.qualify:main",
 }
 # Subcommands that become their own process (the server side never shares a process with us).

@@ -58,3 +58,17 @@ def test_the_summary_shows_the_capacity_curve(tmp_path: Path) -> None:
 
     summary = write_reports(ramp(knee_users=40).write(tmp_path / "run"))["markdown"].read_text()
     assert "### Capacity, step by step" in summary and "| 40 | 40 | 4.00 | 2.00 |" in summary
+
+
+def test_capacity_runs_side_by_side(tmp_path: Path) -> None:
+    from reports.capacity_cmd import main
+
+    weak, strong = ramp(knee_users=40), ramp(knee_users=None)
+    weak.meta["target"] = {"kind": "reference", "policy": "vllm"}
+    strong.meta["target"] = {"kind": "reference", "policy": "seed"}
+    paths = [weak.write(tmp_path / "vllm"), strong.write(tmp_path / "seed")]
+    assert main([*map(str, paths), "--out", str(tmp_path / "out")]) == 0
+    text = (tmp_path / "out" / "capacity.md").read_text()
+    assert "| vllm | 30 |" in text and "| seed | 60 |" in text and "2.00x" in text
+    assert "<svg" in (tmp_path / "out" / "capacity.html").read_text()
+    assert main([str(tmp_path / "missing")]) == 2
