@@ -97,16 +97,25 @@ def _good_steps(table: pd.DataFrame, run: RunData) -> pd.DataFrame:
     return table[table["users"].astype(float) < first]
 
 
+def _below_knees(run: RunData) -> tuple[pd.DataFrame, int] | str:
+    """(the curve's steps below every knee, how many steps there were), or why none."""
+    table = curve(run)
+    if table.empty:
+        return "no capacity steps in meta.capacity (not a step-ramp run)"
+    good = _good_steps(table, run)
+    if good.empty:
+        return "even the first step was past a knee: no load met the SLO"
+    return good, len(table)
+
+
 @metric("capacity_at_slo", filters=(), unit="users", kind="trend")
 def capacity_at_slo(run: RunData, flt: GateFilter, params: Mapping[str, Any]) -> Observations:
     """The highest load (users) of a step below every knee (capacity refusals, the TTFT SLO,
     timeouts): one row; `min >= N` requires that capacity."""
-    table = curve(run)
-    if table.empty:
-        return Observations.none("no capacity steps in meta.capacity (not a step-ramp run)")
-    good = _good_steps(table, run)
-    if good.empty:
-        return Observations.none("even the first step was past a knee: no load met the SLO")
+    found = _below_knees(run)
+    if isinstance(found, str):
+        return Observations.none(found)
+    good, steps_seen = found
     best = good.loc[good["users"].astype(float).idxmax()]
     frame = pd.DataFrame(
         {"value": [float(best["users"])], "t": [float(best["t0"])], "detail": [
@@ -114,22 +123,20 @@ def capacity_at_slo(run: RunData, flt: GateFilter, params: Mapping[str, Any]) ->
             f"goodput {best['goodput_per_s']:.2f}/s"
         ]}
     )  # fmt: skip
-    return Observations(frame=frame, n_samples=len(table))
+    return Observations(frame=frame, n_samples=steps_seen)
 
 
 @metric("goodput_at_slo", filters=(), unit="requests/s", kind="trend")
 def goodput_at_slo(run: RunData, flt: GateFilter, params: Mapping[str, Any]) -> Observations:
     """The best goodput (requests/s that met their SLO) of the steps below every knee."""
-    table = curve(run)
-    if table.empty:
-        return Observations.none("no capacity steps in meta.capacity (not a step-ramp run)")
-    good = _good_steps(table, run)
-    if good.empty:
-        return Observations.none("even the first step was past a knee: no load met the SLO")
+    found = _below_knees(run)
+    if isinstance(found, str):
+        return Observations.none(found)
+    good, steps_seen = found
     best = good.loc[good["goodput_per_s"].idxmax()]
     frame = pd.DataFrame(
         {"value": [float(best["goodput_per_s"])], "t": [float(best["t0"])], "detail": [
             f"at {int(best['users'])} users"
         ]}
     )  # fmt: skip
-    return Observations(frame=frame, n_samples=len(table))
+    return Observations(frame=frame, n_samples=steps_seen)

@@ -143,14 +143,13 @@ def ledger_drift_trend(run: RunData, flt: GateFilter, params: Mapping[str, Any])
 def ttft_p95_trend(run: RunData, flt: GateFilter, params: Mapping[str, Any]) -> Observations:
     """TTFT p95 per window (s) of the answered requests (the availability gate judges the
     unanswered ones; a window whose p95 would reach one is left out and named in the notes)."""
-    rows = select(run.requests, run, flt, "t_send")
-    if isinstance(rows, str):
-        return Observations.none(rows)
-    rows = rows[~rows["outcome"].eq("cancelled")]
-    rows = rows.assign(t=rows["t_send"], value=rows["ttft_s"].fillna(np.inf))
-    spans = _windows(run, float(params["window_s"]), use_troughs=False)
-    return _per_window(
-        rows, spans, lambda r: percentile(r["value"].to_numpy(dtype=float), 95), "TTFT p95 (s)"
+    return _requests_per_window(
+        run,
+        flt,
+        params,
+        lambda rows: rows[~rows["outcome"].eq("cancelled")]["ttft_s"].fillna(np.inf),
+        lambda r: percentile(r["value"].to_numpy(dtype=float), 95),
+        "TTFT p95 (s)",
     )
 
 
@@ -164,9 +163,29 @@ def ttft_p95_trend(run: RunData, flt: GateFilter, params: Mapping[str, Any]) -> 
 def rejection_rate_trend(run: RunData, flt: GateFilter, params: Mapping[str, Any]) -> Observations:
     """The share of requests refused (429/503) per window: refusals that rise at the same
     load mean capacity leaks away."""
+    return _requests_per_window(
+        run,
+        flt,
+        params,
+        lambda rows: rows["outcome"].eq("rejected").astype(float),
+        lambda r: float(r["value"].mean()),
+        "refused share",
+    )
+
+
+def _requests_per_window(
+    run: RunData,
+    flt: GateFilter,
+    params: Mapping[str, Any],
+    value: Callable[[pd.DataFrame], pd.Series],
+    reduce: Callable[[pd.DataFrame], float | None],
+    what: str,
+) -> Observations:
+    """A per-window reduction of the filtered requests' `value` (NaN rows left out)."""
     rows = select(run.requests, run, flt, "t_send")
     if isinstance(rows, str):
         return Observations.none(rows)
-    rows = rows.assign(t=rows["t_send"], value=rows["outcome"].eq("rejected").astype(float))
+    values = value(rows)
+    rows = rows.loc[values.index].assign(t=rows["t_send"], value=values)
     spans = _windows(run, float(params["window_s"]), use_troughs=False)
-    return _per_window(rows, spans, lambda r: float(r["value"].mean()), "refused share")
+    return _per_window(rows, spans, reduce, what)
