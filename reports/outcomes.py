@@ -31,13 +31,27 @@ class OutcomeRow:
 
 
 def _label(rows: pd.DataFrame) -> pd.Series:
+    """`HTTP 503 rejected deadline_expired`: status, outcome and error code (the message
+    only when there is no code, cut short), so requests that failed alike count together."""
     if rows.empty:
         return pd.Series([], dtype=object)
     status = rows["http_status"].map(lambda s: "" if pd.isna(s) else f"HTTP {int(s)} ").astype(str)
     code = rows["error_code"].fillna("").astype(str)
-    message = rows["error_message"].fillna("").astype(str).str.slice(0, 120)
-    text = (code + ": " + message).where(code.ne("") & message.ne(""), code + message)
-    return status + rows["outcome"].astype(str) + " " + text.str.strip()
+    message = rows["error_message"].fillna("").astype(str).str.slice(0, 80)
+    return status + rows["outcome"].astype(str) + " " + code.where(code.ne(""), message)
+
+
+def _top(bad: pd.DataFrame) -> list[tuple[str, int]]:
+    """The commonest labels, each with one message as an example."""
+    labels = _label(bad)
+    found = []
+    for label, n in labels.value_counts().head(TOP_MESSAGES).items():
+        example = bad.loc[labels.eq(label), "error_message"].dropna().astype(str)
+        text = str(label).strip()
+        if not example.empty and example.iloc[0][:80] not in text:
+            text += f" (e.g. “{example.iloc[0][:100]}”)"
+        found.append((text, int(n)))
+    return found
 
 
 def outcome_table(run: RunData) -> tuple[list[str], list[OutcomeRow]]:
@@ -52,7 +66,7 @@ def outcome_table(run: RunData) -> tuple[list[str], list[OutcomeRow]]:
     for klass, group in groups:
         counts = {str(k): int(v) for k, v in group["outcome"].value_counts().items()}
         bad = group[~group["outcome"].isin(("ok", "cancelled"))]
-        top = [(str(k), int(v)) for k, v in _label(bad).value_counts().head(TOP_MESSAGES).items()]
+        top = _top(bad)
         rows.append(OutcomeRow(str(klass), len(group), counts, top))
     return columns, rows
 
