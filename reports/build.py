@@ -16,13 +16,17 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from gates import schema
 from gates.evaluator import evaluate_run
+from gates.metrics import REGISTRY
 from gates.metrics_capacity import curve as capacity_curve
 from gates.metrics_security import side_channel
 from gates.rundir import RunData, load_run
+from gates.spec import GateFilter
 from gates.verdict import Status, Verdict, _clean
-from reports.charts import Rendered, env, render
+from reports.charts import Line, LineChart, Rendered, env, render
 from reports.figures import FIGURES
 from reports.outcomes import (
     outcome_table,
@@ -75,6 +79,8 @@ def write_reports(
             continue
         rendered.append(render(chart))
         numbers[chart.id] = summary
+    for chart in trend_charts(data, judged):
+        rendered.append(render(chart))
     paths = {
         "html": run_dir / schema.REPORT_HTML,
         "markdown": run_dir / schema.SUMMARY_MD,
@@ -130,6 +136,36 @@ def _run_facts(run: RunData) -> dict[str, Any]:
         "sources": run.sources,
         "outcomes": {str(k): int(v) for k, v in run.requests["outcome"].value_counts().items()},
     }
+
+
+def trend_charts(run: RunData, verdict: Verdict) -> list[LineChart]:
+    """For each drift gate (a `series` metric) that judged: its value per window and the
+    fitted line whose slope it judged."""
+    charts = []
+    for gate in verdict.gates:
+        definition = REGISTRY.get(gate.metric)
+        if definition is None or definition.kind != "series" or gate.status == Status.NA:
+            continue
+        obs = definition.compute(run, GateFilter(**gate.filter), {})
+        if obs.n_samples < 2:
+            continue
+        minutes = (obs.frame["t"].to_numpy(dtype=float) - run.t_start) / 60.0
+        values = obs.frame["value"].to_numpy(dtype=float)
+        slope, intercept = np.polyfit(minutes, values, 1)
+        charts.append(
+            LineChart(
+                id=f"trend-{gate.id}",
+                title=f"{gate.title} ({gate.status}: {gate.value_text()} per hour)",
+                x_label="minutes into the run",
+                y_label=definition.unit,
+                lines=[
+                    Line("per window", list(minutes), list(values)),
+                    Line("fitted", list(minutes), list(intercept + slope * minutes)),
+                ],
+                caption="The gate judges the fitted line's slope per hour, with its interval.",
+            )
+        )
+    return charts
 
 
 def capacity_rows(run: RunData) -> list[dict[str, str]]:

@@ -81,3 +81,13 @@ def test_a_few_minutes_cannot_prove_the_absence_of_drift(tmp_path: Path) -> None
     statuses = drift(soak(0.1, leak_per_hour=0.0).write(tmp_path / "run"))
     assert statuses["memory_floor_flat"] in (Status.MARGINAL, Status.INVALID)
     assert Status.PASS not in statuses.values()
+
+
+def test_the_report_draws_each_drift_trend_with_its_fitted_line(tmp_path: Path) -> None:
+    from reports import write_reports
+
+    run = soak(1.0, leak_per_hour=0.1).write(tmp_path / "run")
+    verdict = evaluate_run(run, gates_file=SOAK_GATES)
+    html = write_reports(run, verdict=verdict)["html"].read_text()
+    assert 'id="trend-memory_floor_flat"' in html or "trend-memory_floor_flat" in html
+    assert html.count("The gate judges the fitted line") >= 4
