@@ -236,6 +236,9 @@ class Orchestrator:
         watermarks = {k: float(config[k]) for k in marks if isinstance(config.get(k), int | float)}
         self.live = LiveState(self.run_dir, self.sink, watermarks)
         self.live.fault_kinds = self.faults.kinds if self.faults else []
+        # Locust's UI re-parses sys.argv with its own parser when it renders its page; ours
+        # (kvgate run PLAN --web ...) would read as ambiguous Locust options, so it sees none.
+        sys.argv = sys.argv[:1]
         self.web_ui = self.loadgen.env.create_web_ui(host=host, port=port)
         if token:
             self.web_ui.app.before_request(require_token(token))
