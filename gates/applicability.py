@@ -23,9 +23,7 @@ GPU_MEMORY_METRICS = ("DCGM_FI_DEV_FB_USED", "kvgate_sim_gpu_memory_used_bytes")
 
 
 def target_profile(run: RunData) -> servers.ServerProfile:
-    target = run.meta.get("target")
-    kind = target.get("kind") if isinstance(target, dict) else None
-    return servers.profile(kind if isinstance(kind, str) else None)
+    return servers.profile(run.target_kind)
 
 
 def kv_usage_metrics() -> tuple[str, ...]:

@@ -119,7 +119,9 @@ def judge(run: RunData, gate: GateSpec) -> GateResult:
     why_not = f"left out by the gate file: {gate.skip}" if gate.skip else None
     why_not = why_not or not_applicable(run, gate.needs)
     if why_not is not None:
-        return _result(gate, Status.NA, f"N/A: {why_not}", definition.unit)
+        result = _unjudged(gate, definition.unit)
+        result.status, result.message = Status.NA, f"N/A: {why_not}"
+        return result
     try:
         obs = definition.compute(run, gate.filter, gate.params)
     except (KeyError, ValueError, TypeError) as exc:
@@ -130,26 +132,12 @@ def judge(run: RunData, gate: GateSpec) -> GateResult:
     # No examined record is no data, even for a count (zero violations of nothing).
     times = obs.frame["t"].to_numpy(dtype=float) if "t" in obs.frame else None
     est = estimate(values, gate.pass_, gate.confidence, times) if obs.n_samples else NO_DATA
-    result = GateResult(
-        id=gate.id,
-        title=gate.title,
-        metric=gate.metric,
-        key=gate.key,
-        weight=gate.weight,
-        status=Status.PASS,
-        statistic=gate.pass_.label,
-        threshold=gate.pass_.text,
-        warn=gate.warn.text if gate.warn else None,
-        value=None if math.isnan(est.value) else est.value,
-        n_samples=obs.n_samples,
-        message="",
-        filter=gate.filter.model_dump(exclude_none=True),
-        unit=definition.unit,
-        notes=list(obs.notes),
-        confidence=gate.confidence,
-        method=est.method,
-        censored=int(np.isinf(values).sum()),
-    )
+    result = _unjudged(gate, definition.unit)
+    result.value = None if math.isnan(est.value) else est.value
+    result.n_samples = obs.n_samples
+    result.notes = list(obs.notes)
+    result.method = est.method
+    result.censored = int(np.isinf(values).sum())
     if math.isnan(est.value):
         why = obs.missing or f"no observation to take {gate.pass_.label} of"
         result.status = MISSING_STATUS[gate.on_missing]
@@ -181,21 +169,21 @@ def judge(run: RunData, gate: GateSpec) -> GateResult:
     return result
 
 
-def _result(gate: GateSpec, status: Status, message: str, unit: str) -> GateResult:
-    """A result that judged nothing (an N/A gate)."""
+def _unjudged(gate: GateSpec, unit: str) -> GateResult:
+    """The gate's result before anything is judged: what it is, no value, PASS pending."""
     return GateResult(
         id=gate.id,
         title=gate.title,
         metric=gate.metric,
         key=gate.key,
         weight=gate.weight,
-        status=status,
+        status=Status.PASS,
         statistic=gate.pass_.label,
         threshold=gate.pass_.text,
         warn=gate.warn.text if gate.warn else None,
         value=None,
         n_samples=0,
-        message=message,
+        message="",
         filter=gate.filter.model_dump(exclude_none=True),
         unit=unit,
         confidence=gate.confidence,

@@ -74,13 +74,18 @@ def failed(rows: pd.DataFrame) -> pd.Series:
     return (ended_badly | server_error | client_error).fillna(False).astype(bool)
 
 
-def _why(rows: pd.DataFrame) -> pd.Series:
-    """One short label per request: its outcome, status and error code or message."""
+def failure_label(rows: pd.DataFrame) -> pd.Series:
+    """`HTTP 503 rejected deadline_expired`: one short label per request, its status, outcome
+    and error code (the message only when there is no code, cut short), so requests that
+    failed alike count together. The gates' notes and the reports' outcome table share it."""
     if rows.empty:
         return pd.Series([], dtype=object)
-    status = rows["http_status"].map(lambda s: "" if pd.isna(s) else f" HTTP {int(s)}").astype(str)
-    code = rows["error_code"].fillna(rows["error_message"]).fillna("").astype(str).str[:80]
-    return rows["outcome"].astype(str) + status + (" " + code).where(code.ne(""), "")
+    status = rows["http_status"].map(lambda s: "" if pd.isna(s) else f"HTTP {int(s)} ").astype(str)
+    code = rows["error_code"].fillna("").astype(str)
+    message = rows["error_message"].fillna("").astype(str).str.slice(0, 80)
+    return (
+        status + rows["outcome"].astype(str) + " " + code.where(code.ne(""), message)
+    ).str.strip()
 
 
 def breakdown(rows: pd.DataFrame, bad: pd.Series) -> list[str]:
@@ -90,7 +95,7 @@ def breakdown(rows: pd.DataFrame, bad: pd.Series) -> list[str]:
         hit = bad[group.index]
         if not hit.any():
             continue
-        reasons = _why(group[hit]).value_counts().head(TOP_ERRORS)
+        reasons = failure_label(group[hit]).value_counts().head(TOP_ERRORS)
         top = "; ".join(f"{n} {label}" for label, n in reasons.items())
         lines.append(f"{klass}: {int(hit.sum())} of {len(group)} failed ({top})")
     return lines
@@ -106,7 +111,7 @@ def availability(run: RunData, flt: GateFilter, params: Mapping[str, Any]) -> Ob
     rows, notes = judged
     bad = failed(rows)
     frame = _evidence(rows, (~bad).astype(float), "t_send")
-    frame["detail"] = frame["detail"] + " " + _why(rows).to_numpy()
+    frame["detail"] = frame["detail"] + " " + failure_label(rows).to_numpy()
     return Observations(frame=frame, n_samples=len(rows), notes=breakdown(rows, bad) + notes)
 
 
@@ -125,7 +130,7 @@ def timeouts_disconnects(run: RunData, flt: GateFilter, params: Mapping[str, Any
     rows, notes = judged
     hit = rows["outcome"].isin(("timeout", "disconnected"))
     frame = _evidence(rows, hit.astype(float), "t_send")
-    frame["detail"] = frame["detail"] + " " + _why(rows).to_numpy()
+    frame["detail"] = frame["detail"] + " " + failure_label(rows).to_numpy()
     counts = rows.loc[hit, "outcome"].value_counts()
     if not counts.empty:
         notes = [", ".join(f"{n} {o}" for o, n in counts.items()), *breakdown(rows, hit), *notes]

@@ -104,6 +104,14 @@ class RunData:
         found = [float(x) for x in earliest if pd.notna(x)]
         return min(found) if found else 0.0
 
+    @property
+    def target_kind(self) -> str | None:
+        """meta.target.kind: the server profile the run was made against (None: unknown, as
+        in a run directory built by hand)."""
+        target = self.meta.get("target")
+        kind = target.get("kind") if isinstance(target, dict) else None
+        return kind if isinstance(kind, str) else None
+
 
 def load_run(run_dir: Path | str) -> RunData:
     """Read meta.json and the four tables of `run_dir`."""

@@ -248,6 +248,17 @@ class GateFile(BaseModel):
 def load_gate_file(path: Path | None = None) -> GateFile:
     """Parse and validate a gate file (the built-in gates when `path` is None)."""
     source = path or BUILTIN_GATES
+    data = _read(source)
+    if "extends" in data:
+        data = _extend(data, source, frozenset({source.resolve()}))
+    try:
+        return GateFile.model_validate(data)
+    except ValidationError as exc:
+        problems = [f"  {_yaml_path(err['loc'], data)}: {_message(err)}" for err in exc.errors()]
+        raise GateSpecError(f"gate file {source} is invalid:\n" + "\n".join(problems)) from exc
+
+
+def _read(source: Path) -> dict[str, Any]:
     try:
         text = source.read_text(encoding="utf-8")
     except OSError as exc:
@@ -262,40 +273,49 @@ def load_gate_file(path: Path | None = None) -> GateFile:
         raise GateSpecError(f"gate file {source} is not valid YAML: {exc}") from exc
     if not isinstance(data, dict):
         raise GateSpecError(f"gate file {source} must be a mapping with a 'gates:' list")
-    if "extends" in data:
-        data = _extend(data, source)
-    try:
-        return GateFile.model_validate(data)
-    except ValidationError as exc:
-        problems = [f"  {_yaml_path(err['loc'], data)}: {_message(err)}" for err in exc.errors()]
-        raise GateSpecError(f"gate file {source} is invalid:\n" + "\n".join(problems)) from exc
+    return data
 
 
-def _extend(data: dict[str, Any], source: Path) -> dict[str, Any]:
-    """`extends: builtin`: the built-in gates, with `skip: {id: why}` left out (N/A, with the
-    reason) and `gates:` added, or overriding the keys they name of the built-in gate of the
-    same id; the built-in thresholds stay in one place."""
-    if data.get("extends") != "builtin":
-        raise GateSpecError(f"gate file {source}: extends can only be 'builtin'")
+def _extend(data: dict[str, Any], source: Path, chain: frozenset[Path]) -> dict[str, Any]:
+    """`extends: builtin`, or `extends: OTHER.gates.yaml` (a path from this file's folder):
+    that file's gates, with `skip: {id: why}` left out (N/A, with the reason) and `gates:`
+    added, or overriding the keys they name of its gate of the same id. A soak variant
+    changes one window, and every threshold stays in the one file that sets it."""
+    name = data.get("extends")
+    if not isinstance(name, str) or not name:
+        raise GateSpecError(
+            f"gate file {source}: extends is 'builtin' or the path of another gate file"
+        )
+    base_path = BUILTIN_GATES if name == "builtin" else source.parent / name
+    if base_path.resolve() in chain:
+        raise GateSpecError(f"gate file {source}: extends {name}, which extends it back")
+    base = _read(base_path)
+    if "extends" in base:
+        base = _extend(base, base_path, chain | {base_path.resolve()})
+    what = "built-in gate" if name == "builtin" else f"gate of {name}"
     skip = data.get("skip") or {}
     if not isinstance(skip, dict) or not all(isinstance(v, str) and v for v in skip.values()):
         raise GateSpecError(f"gate file {source}: skip maps gate ids to the reason, a string")
-    base = yaml.safe_load(BUILTIN_GATES.read_text(encoding="utf-8"))
-    known = {g["id"] for g in base["gates"]}
+    base_gates = [g for g in base.get("gates") or [] if isinstance(g, dict)]
+    known = {g.get("id") for g in base_gates}
     unknown = sorted(set(skip) - known)
     if unknown:
         raise GateSpecError(
-            f"gate file {source}: skip names no built-in gate: {', '.join(unknown)}; "
-            f"the built-in gates are {', '.join(sorted(known))}"
+            f"gate file {source}: skip names no {what}: {', '.join(unknown)}; "
+            f"the {what}s are {', '.join(sorted(str(k) for k in known))}"
         )
     own = {g.get("id"): g for g in data.get("gates") or [] if isinstance(g, dict)}
-    gates = [  # a gate of the same id overrides the built-in one's keys it names
-        {**g, **own.pop(g["id"], {}), **({"skip": skip[g["id"]]} if g["id"] in skip else {})}
-        for g in base["gates"]
+    gates = [  # a gate of the same id overrides the keys it names of the base one
+        {
+            **g,
+            **own.pop(g.get("id"), {}),
+            **({"skip": skip[g["id"]]} if g.get("id") in skip else {}),
+        }
+        for g in base_gates
     ]
     merged = {k: v for k, v in data.items() if k not in ("extends", "skip", "gates")}
-    return {"fail_score_below": base.get("fail_score_below", 0.75), **merged,
-            "gates": [*gates, *own.values()]}  # fmt: skip
+    inherited = {k: v for k, v in base.items() if k != "gates"}
+    return {**inherited, **merged, "gates": [*gates, *own.values()]}
 
 
 def _yaml_path(loc: tuple[int | str, ...], data: dict[str, Any]) -> str:

@@ -39,6 +39,7 @@ BATCH_SIZE = 200
 FLUSH_INTERVAL_S = 0.5
 WORKER_CONNECT_TIMEOUT_S = 60.0
 DONE_TIMEOUT_S = 30.0
+QUIT_AFTER_DONE_S = 1.0  # time for the last batch to leave the socket before the worker quits
 
 
 class RecordRelay:
@@ -81,7 +82,17 @@ class RecordRelay:
 def install_worker_relay(environment: Environment, record_hook: Any) -> RecordRelay:
     relay = RecordRelay(environment)
     record_hook.add_listener(lambda record, **_: relay.add(record))
-    environment.events.test_stop.add_listener(lambda **_: relay.finish())
+
+    def on_stop(**_: Any) -> None:
+        relay.finish()
+        # A kvgate worker serves one run, so it leaves once its records are out. Waiting for
+        # the master's quit is not enough: a master that quits while the worker is in
+        # Locust's post-stop pause (stop_timeout) has no clients to tell, and the worker
+        # would wait for a heartbeat timeout.
+        if environment.runner is not None:
+            gevent.spawn_later(QUIT_AFTER_DONE_S, environment.runner.quit)
+
+    environment.events.test_stop.add_listener(on_stop)
 
     def on_cpu(environment: Environment, cpu_usage: float, **_: Any) -> None:
         if environment.runner is not None:
@@ -171,8 +182,9 @@ class LocalWorkers:
         for proc in self.procs:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-        for proc in self.procs:
+        for index, proc in enumerate(self.procs):
             if proc.poll() is None:
+                log.warning("worker %d did not quit within %.0f s; terminating", index, timeout_s)
                 proc.terminate()
                 try:
                     proc.wait(timeout=5)

@@ -3,9 +3,10 @@
 Both read the run directory as it grows (meta.json rewritten as "running" first; the table
 readers drop a torn last line), each in a child process (`python -m harness.watch check|report
 RUN_DIR`) so that loading a large run never stalls the load generator's event loop. A gate
-with `abort_on_fail` that FAILs on the evidence so far, `abort_grace_s` or more into the
-load, stops the load; the run is then torn down, judged and reported as usual, and its
-verdict is FAIL with the reason (gates/evaluator.py reads meta.json's `aborted`).
+with `abort_on_fail` that has clearly failed on the evidence so far (`clearly_failed`),
+`abort_grace_s` or more into the load, stops the load; the run is then torn down, judged
+and reported as usual, and its verdict is FAIL with the reason (gates/evaluator.py reads
+meta.json's `aborted`).
 """
 
 from __future__ import annotations
@@ -82,7 +83,7 @@ class RunWatch:
         self.latest = results
         for result in results:
             gate = self.abort_gates.get(result.get("id"))
-            if gate is None or result.get("status") != "FAIL" or elapsed_s < gate.abort_grace_s:
+            if gate is None or elapsed_s < gate.abort_grace_s or not clearly_failed(result, gate):
                 continue
             self.aborted = {
                 "gate": gate.id,
@@ -112,6 +113,17 @@ class RunWatch:
                 proc.wait()
 
 
+def clearly_failed(result: dict[str, Any], gate: GateSpec) -> bool:
+    """A FAIL that more evidence would not turn: the gate's whole interval is past its line
+    and it has its minimum samples. A slope over two windows, or a p99 of a handful, that
+    happens to sit past the line stops nothing; the end-of-run verdict still judges it."""
+    return (
+        result.get("status") == "FAIL"
+        and not result.get("straddles", True)
+        and int(result.get("n_samples") or 0) >= gate.min_samples
+    )
+
+
 def _check(run_dir: Path, gates_file: Path | None, every: bool) -> list[dict[str, Any]]:
     from gates.evaluator import judge
     from gates.rundir import load_run
@@ -122,6 +134,8 @@ def _check(run_dir: Path, gates_file: Path | None, every: bool) -> list[dict[str
         {
             "id": r.id,
             "status": str(r.status),
+            "straddles": r.straddles,
+            "n_samples": r.n_samples,
             "message": r.message,
             "value_text": r.value_text(),
             "threshold": r.threshold,

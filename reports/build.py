@@ -194,11 +194,6 @@ def capacity_rows(run: RunData) -> list[dict[str, str]]:
     ]
 
 
-def _kind(run: RunData) -> str | None:
-    target = run.meta.get("target") or {}
-    return target.get("kind") if isinstance(target, dict) else None
-
-
 def _when(epoch: float | None, run: RunData) -> str:
     if epoch is None:
         return ""
@@ -259,6 +254,6 @@ def _context(run: RunData, verdict: Verdict, charts: list[Rendered]) -> dict[str
         "release_probe": release_probe(run),
         "token_ratio": token_ratio(run),
         "capacity_steps": capacity_rows(run),
-        "server_counters": server_counters(run) if _kind(run) != "reference" else [],
+        "server_counters": server_counters(run) if run.target_kind != "reference" else [],
         "not_applicable": verdict.not_applicable,
     }

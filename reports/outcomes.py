@@ -12,7 +12,8 @@ from dataclasses import dataclass
 import pandas as pd
 
 import contract
-from contract import servers
+from gates.applicability import target_profile
+from gates.metrics_client import failure_label
 from gates.rundir import RunData
 from gates.windows import counter_increase
 
@@ -30,24 +31,13 @@ class OutcomeRow:
         return 1.0 - self.counts.get("ok", 0) / self.total if self.total else 0.0
 
 
-def _label(rows: pd.DataFrame) -> pd.Series:
-    """`HTTP 503 rejected deadline_expired`: status, outcome and error code (the message
-    only when there is no code, cut short), so requests that failed alike count together."""
-    if rows.empty:
-        return pd.Series([], dtype=object)
-    status = rows["http_status"].map(lambda s: "" if pd.isna(s) else f"HTTP {int(s)} ").astype(str)
-    code = rows["error_code"].fillna("").astype(str)
-    message = rows["error_message"].fillna("").astype(str).str.slice(0, 80)
-    return status + rows["outcome"].astype(str) + " " + code.where(code.ne(""), message)
-
-
 def _top(bad: pd.DataFrame) -> list[tuple[str, int]]:
     """The commonest labels, each with one message as an example."""
-    labels = _label(bad)
+    labels = failure_label(bad)
     found = []
     for label, n in labels.value_counts().head(TOP_MESSAGES).items():
         example = bad.loc[labels.eq(label), "error_message"].dropna().astype(str)
-        text = str(label).strip()
+        text = str(label)
         if not example.empty and example.iloc[0][:80] not in text:
             text += f" (e.g. “{example.iloc[0][:100]}”)"
         found.append((text, int(n)))
@@ -179,8 +169,7 @@ COUNTERS = ("preemptions", "request_success", "request_failure", "request_aborts
 def server_counters(run: RunData) -> list[tuple[str, str, float]]:
     """(quantity, metric, increase over the run) of the counters the target's profile names
     (contract/profiles/): what a server without per-request events says about itself."""
-    target = run.meta.get("target") or {}
-    profile = servers.profile(target.get("kind") if isinstance(target, dict) else None)
+    profile = target_profile(run)
     found = []
     for quantity in COUNTERS:
         for name in getattr(profile.metrics, quantity):

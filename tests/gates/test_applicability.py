@@ -15,6 +15,8 @@ from gates.verdict import Status, Verdict
 from tests.gates.builder import RunBuilder, gate_file
 from tests.gates.conftest import gate
 
+ROOT = Path(__file__).resolve().parents[2]
+
 Judge = Callable[[RunBuilder], Verdict]
 EVENT_GATES = {
     "preempted_complete",
@@ -132,6 +134,32 @@ def test_a_gate_file_can_extend_the_builtin_gates_and_leave_some_out(tmp_path: P
     path.write_text("extends: builtin\nskip: {no_such_gate: why}\n")
     with pytest.raises(GateSpecError, match="skip names no built-in gate: no_such_gate"):
         load_gate_file(path)
+
+
+def test_a_gate_file_can_extend_another_and_change_one_key(tmp_path: Path) -> None:
+    """A soak variant takes the soak's gates and changes one window: the thresholds stay in
+    the soak's file. A file extending itself round the chain is refused by name."""
+    soak = ROOT / "harness" / "plans" / "soak.gates.yaml"
+    variant = tmp_path / "short.gates.yaml"
+    variant.write_text(
+        f"extends: {soak}\n"
+        "skip: {ttft_flat: not judged here}\n"
+        "gates:\n  - {id: memory_floor_flat, params: {window_s: 30}}\n"
+    )
+    base = {g.id: g for g in load_gate_file(soak).gates}
+    gates = {g.id: g for g in load_gate_file(variant).gates}
+    assert gates.keys() == base.keys()
+    floor = gates["memory_floor_flat"]
+    assert floor.params == {"window_s": 30} and floor.pass_ == base["memory_floor_flat"].pass_
+    assert floor.abort_on_fail == base["memory_floor_flat"].abort_on_fail
+    assert gates["ttft_flat"].skip == "not judged here" and gates["no_oom"].abort_on_fail
+    loop = tmp_path / "loop.gates.yaml"
+    loop.write_text("extends: loop.gates.yaml\n")
+    with pytest.raises(GateSpecError, match="which extends it back"):
+        load_gate_file(loop)
+    variant.write_text(f"extends: {soak}\nskip: {{nope: why}}\n")
+    with pytest.raises(GateSpecError, match=r"skip names no gate of .*soak\.gates\.yaml: nope"):
+        load_gate_file(variant)
 
 
 def test_a_server_process_dying_outside_any_fault_fails_no_oom(judge: Judge) -> None:

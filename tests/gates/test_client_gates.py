@@ -4,6 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import pandas as pd
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import contract
+from gates.metrics_client import failed, request_failed
 from gates.verdict import Status, Verdict
 from tests.gates.builder import RunBuilder
 from tests.gates.conftest import gate
@@ -75,3 +81,27 @@ def test_timeouts_and_disconnects_have_their_own_rate(judge: Judge) -> None:
     result = gate(judge(b), "timeouts_disconnects")
     assert result.status == Status.FAIL and result.value == 20 / 420
     assert "10 timeout" in result.notes[0] and "10 disconnected" in result.notes[0]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(contract.OUTCOMES),
+            st.one_of(st.none(), st.sampled_from([200, 400, 401, 404, 413, 429, 500, 502, 503])),
+            st.one_of(st.none(), st.floats(min_value=0, max_value=60)),
+        ),
+        min_size=1,
+        max_size=30,
+    )
+)
+def test_the_early_stop_counts_failures_by_the_same_rule_as_the_gate(
+    rows: list[tuple[str, int | None, float | None]],
+) -> None:
+    """The run's early stop sees requests one at a time (`request_failed`); the gate sees the
+    table (`failed`). The two must agree on every request, or a run could stop for failures
+    the gate does not count, or go on through failures it does."""
+    table = pd.DataFrame(rows, columns=["outcome", "http_status", "retry_after_s"])
+    table = table.astype({"http_status": float, "retry_after_s": float})  # as read from a run
+    one_by_one = [request_failed(o, s, r) for o, s, r in rows]
+    assert failed(table).tolist() == one_by_one

@@ -86,6 +86,7 @@ def test_two_worker_processes_merge_into_one_run_without_loss(tmp_path: Path) ->
         str(SMOKE), "--out", str(run_dir), "--processes", "2", "--no-gates", *sets, timeout=90
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "did not quit" not in proc.stderr  # workers leave by themselves once done
     run = load_run(run_dir)
     relay = run.meta["records"]["relay"]
     assert len(relay["sent"]) == 2 and all(n > 0 for n in relay["sent"].values())

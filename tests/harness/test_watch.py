@@ -6,8 +6,9 @@ import time
 from pathlib import Path
 
 from gates.evaluator import evaluate_run
+from gates.spec import GateSpec
 from gates.verdict import Status
-from harness.watch import RunWatch
+from harness.watch import RunWatch, clearly_failed
 from tests.gates.builder import RunBuilder
 
 ABORTING = (
@@ -63,3 +64,18 @@ def test_the_aborted_run_fails_and_its_reports_say_why(tmp_path: Path) -> None:
 def test_without_abort_gates_or_interim_reports_nothing_runs(tmp_path: Path) -> None:
     watch = RunWatch(tmp_path, None, None, lambda: None)
     assert not watch.needed and watch.tick(100.0) is None
+
+
+def test_only_a_clear_failure_aborts() -> None:
+    """A breach the interval straddles, or one on fewer samples than the gate's minimum, may
+    turn with more evidence: the soak goes on and the verdict judges it at the end."""
+    gate = GateSpec.model_validate(
+        {"id": "floor", "title": "t", "metric": "memory_floor", "pass": "slope <= 0.02",
+         "min_samples": 5, "abort_on_fail": True}
+    )  # fmt: skip
+    clear = {"status": "FAIL", "straddles": False, "n_samples": 6}
+    assert clearly_failed(clear, gate)
+    assert not clearly_failed({**clear, "straddles": True}, gate)
+    assert not clearly_failed({**clear, "n_samples": 4}, gate)
+    assert not clearly_failed({**clear, "status": "MARGINAL"}, gate)
+    assert not clearly_failed({"status": "FAIL"}, gate)  # an older check's output: not proof
