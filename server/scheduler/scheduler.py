@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import replace
 
 from server.scheduler import step
 from server.scheduler.admission import (
@@ -439,6 +440,12 @@ class Scheduler:
         self.leaked[seq.request_id] = seq
 
     def _remember(self, seq: Sequence) -> None:
+        """Keep a finished sequence for its counters (state, generated, GPU time), without its
+        prompt: FINISHED_MEMORY sequences each holding up to 32K token ids and their block
+        keys are hundreds of MB to gigabytes a replica never gives back (the soak's server
+        RSS drift gate found it)."""
+        seq.req = replace(seq.req, prompt_tokens=())
+        seq.prefix_keys = []
         self._finished[seq.request_id] = seq
         if len(self._finished) > FINISHED_MEMORY:
             self._finished.popitem(last=False)
