@@ -41,6 +41,7 @@ from harness.traffic import build_shape, build_user_classes
 from harness.watch import RunWatch
 from harness.webui import LiveState, blueprint, require_token
 from workloads.prompts import generator_for
+from workloads.shapes import StepRampShape
 
 log = logging.getLogger(__name__)
 SAMPLER_STOP_TIMEOUT_S = 20.0
@@ -430,17 +431,13 @@ class Orchestrator:
                 t0, t1 = start + t0, start + t1
             if t0 < end:
                 phases.append({"name": phase["name"], "t0": t0, "t1": min(t1, end)})
+        # A step ramp's knees, judged on every record (capacity_users and
+        # capacity_bound_users: the bisection's bracket, the highest load that held and the
+        # lowest that did not); no knees for other shapes.
+        knees = getattr(self.shape, "knees", None)
         capacity = {
-            "rejection_started_users": getattr(self.shape, "rejection_started_users", None),
-            "policy_rejection_started_users": getattr(
-                self.shape, "policy_rejection_started_users", None
-            ),
-            "slo_broken_users": getattr(self.shape, "slo_broken_users", None),
-            "timeouts_started_users": getattr(self.shape, "timeouts_started_users", None),
+            **(knees() if callable(knees) else dict.fromkeys(StepRampShape.KNEES)),
             "stop_reason": getattr(self.shape, "stop_reason", None),
-            # the bisection's bracket: the highest load that held, the lowest that did not
-            "capacity_users": getattr(self.shape, "capacity_users", None),
-            "capacity_bound_users": getattr(self.shape, "capacity_bound_users", None),
             "steps": getattr(self.shape, "steps", None),
         }
         return phases, capacity

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import bisect
 import time
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 from locust import LoadTestShape, User
@@ -78,10 +79,11 @@ class StepRampShape(RecordingShape):
     Refusals are told apart by cause (contract.rejection_cause): the capacity knee is the
     first step whose *capacity* refusals pass `rejection_threshold` (the server's own limit);
     policy refusals (one tenant's quota) are counted and their step recorded, but never end
-    the ramp. With `slo_ttft_p95_s`, a step whose TTFT p95 passes it is a knee too (the SLO
-    knee). Stops when timeouts pass `timeout_threshold`, `overload_steps` steps after the
-    capacity or SLO knee (to see whether overload turns into timeouts), at `max_users` after
-    its step, or at `max_duration_s`.
+    the ramp. With `slo_ttft_p95_s`, a step whose TTFT p95 (of `slo_traffic_classes`, or of
+    every class) passes it is a knee too (the SLO knee). Stops when timeouts pass
+    `timeout_threshold`, `overload_steps` steps after the capacity or SLO knee (to see
+    whether overload turns into timeouts), at `max_users` after its step, or at
+    `max_duration_s`.
 
     With `bisect_steps`, the ramp then searches the knee as vLLM's SLA sweep does: up to
     that many more steps, each at the midpoint between the highest load that held
@@ -102,6 +104,9 @@ class StepRampShape(RecordingShape):
     overload_steps: ClassVar[int] = 1
     max_duration_s: ClassVar[float] = 3600.0
     slo_ttft_p95_s: ClassVar[float | None] = None
+    # The traffic classes whose TTFT the SLO knee reads (None: all). A 32K-token prefill
+    # takes seconds at any load, so a mix with long context names the others here.
+    slo_traffic_classes: ClassVar[tuple[str, ...] | None] = None
     bisect_steps: ClassVar[int] = 0
     bisect_resolution_users: ClassVar[int] = 2
 
@@ -194,7 +199,10 @@ class StepRampShape(RecordingShape):
             step["rejected"] += 1
             cause = contract.rejection_cause(record.http_status, record.error_code)
             step[f"rejected_{cause or 'other'}"] += 1
-        if record.ttft_s is not None:
+        slo_classes = self.slo_traffic_classes
+        if record.ttft_s is not None and (
+            slo_classes is None or record.traffic_class in slo_classes
+        ):
             self._ttfts[position].append(float(record.ttft_s))
 
     def _listen(self) -> None:
@@ -254,6 +262,45 @@ class StepRampShape(RecordingShape):
                 and step["timeouts"] / step["requests"] >= self.timeout_threshold
             ):
                 self.timeouts_started_users = step["users"]
+
+    KNEES: ClassVar[tuple[str, ...]] = (
+        "rejection_started_users",
+        "policy_rejection_started_users",
+        "slo_broken_users",
+        "timeouts_started_users",
+        "capacity_users",
+        "capacity_bound_users",
+    )
+
+    def knees(self) -> dict[str, int | None]:
+        """Each knee as the records so far show it, for meta.capacity: every step judged
+        again, each knee the lowest load that crossed its line. The live knees above steer
+        the ramp from steps still filling; a step that its late records brought back under
+        the line is no knee, and a bisection probe below the first knee can be one."""
+        self._judge()  # every step's TTFT p95 from all its records
+        judged = [s for s in self.steps if s["requests"] >= self.min_requests]
+
+        def lowest(crossed: Callable[[dict[str, Any]], bool]) -> int | None:
+            return min((int(s["users"]) for s in judged if crossed(s)), default=None)
+
+        slo = self.slo_ttft_p95_s
+        held, failed = self._bracket()
+        return {
+            "rejection_started_users": lowest(
+                lambda s: s["rejected_capacity"] / s["requests"] >= self.rejection_threshold
+            ),
+            "policy_rejection_started_users": lowest(
+                lambda s: s["rejected_policy"] / s["requests"] >= self.rejection_threshold
+            ),
+            "slo_broken_users": lowest(
+                lambda s: slo is not None and s["ttft_p95_s"] is not None and s["ttft_p95_s"] > slo
+            ),
+            "timeouts_started_users": lowest(
+                lambda s: s["timeouts"] / s["requests"] >= self.timeout_threshold
+            ),
+            "capacity_users": held,
+            "capacity_bound_users": failed,
+        }
 
     def _knee(self, index: int, cause: str) -> None:
         """The first step past capacity or the SLO: overload_steps more are run after it."""

@@ -64,8 +64,9 @@ def fire(
     status: int | None = None,
     code: str | None = None,
     ttft_s: float | None = None,
+    klass: str = "batch",
 ) -> None:
-    meta = RequestMeta("batch", "batchco", "batch", None, 8, 8, "batch")
+    meta = RequestMeta(klass, "batchco", "batch", None, 8, 8, "batch")
     for _ in range(count):
         result = StreamResult(request_id="r", t_send=shape.now_epoch() + 0.25, outcome=outcome)
         result.http_status, result.error_code, result.ttft_s = status, code, ttft_s
@@ -118,6 +119,48 @@ def test_a_step_past_the_ttft_slo_is_a_knee_too() -> None:
         assert clock.t < 300, "the ramp never stopped"
     assert shape.slo_broken_users == 40 and shape.rejection_started_users is None
     assert shape.stop_reason == "slo" and shape.steps[2]["ttft_p95_s"] == 0.3
+
+
+def test_the_slo_knee_reads_only_the_classes_it_is_for() -> None:
+    """32K-token prompts take seconds to prefill at any load: with the SLO on the questions,
+    their TTFT neither ends the ramp at its first step nor hides the questions' knee."""
+    attrs = {"step_s": 10, "slo_ttft_p95_s": 0.9, "slo_traffic_classes": ("short_qa",)}
+    shape = type("Ramp", (StepRampShape,), attrs)()
+    clock, env = attach(shape)
+    while (tick := shape.tick()) is not None:
+        fire(env, shape, "ok", 30, ttft_s=0.3 if tick[0] < 40 else 1.5, klass="short_qa")
+        fire(env, shape, "ok", 10, ttft_s=3.1, klass="long_context")
+        clock.t += 1.0
+        assert clock.t < 300, "the ramp never stopped"
+    assert shape.slo_broken_users == 40 and shape.stop_reason == "slo"
+    assert shape.steps[2]["ttft_p95_s"] == 0.3
+
+
+def test_the_recorded_knees_are_judged_on_every_record_of_each_step() -> None:
+    """The live knee is decided on a step still filling: here the first step's slow start
+    crosses the SLO, and its later records bring it back under. meta.capacity must record
+    the knee the whole steps show, which agrees with the bisection's bracket."""
+    attrs = {"step_s": 10, "slo_ttft_p95_s": 0.9, "bisect_steps": 2, "overload_steps": 1}
+    shape = type("Ramp", (StepRampShape,), attrs)()
+    clock, env = attach(shape)
+    first_tick = True
+    while (tick := shape.tick()) is not None:
+        users = tick[0]
+        if first_tick:  # 22 slow answers: enough for the live check to call a knee
+            fire(env, shape, "ok", 22, ttft_s=1.5)
+            first_tick = False
+        else:  # then 9 s of fast ones: 3.9% slow over the whole step, p95 under the line
+            fire(env, shape, "ok", 60, ttft_s=1.5 if users >= 16 else 0.3)
+        clock.t += 1.0
+        assert clock.t < 400, "the ramp never stopped"
+    assert shape.slo_broken_users == 10  # the live alarm, which steered the ramp
+    knees = shape.knees()
+    assert shape.steps[0]["users"] == 10 and shape.steps[0]["ttft_p95_s"] == 0.3
+    broken = [s["users"] for s in shape.steps if s["ttft_p95_s"] > 0.9]
+    assert knees["slo_broken_users"] == min(broken) > 10
+    assert knees["capacity_users"] is not None
+    assert knees["capacity_users"] < knees["slo_broken_users"] == knees["capacity_bound_users"]
+    assert set(knees) == set(StepRampShape.KNEES)
 
 
 def test_bisection_brackets_the_capacity_between_the_ramp_steps() -> None:

@@ -135,6 +135,18 @@ def test_private_prefixes_differ_between_tenants(server: FakeServer) -> None:
     assert not (tenants[0] & tenants[1] or tenants[0] & tenants[2] or tenants[1] & tenants[2])
 
 
+def test_a_shared_prefix_class_given_a_key_sends_as_that_tenant(server: FakeServer) -> None:
+    """The round robin over demo tenants is the default; a plan that names the key (one team
+    per class, with its own quota) must get that key, not a demo tenant's."""
+    for _ in range(3):
+        named = {"api_key": "kvg-cap3-key", "api_key_name": "cap3", "tenant": "cap3"}
+        user, records = make_user("shared_prefix", server.url, prefix_tokens=20, **named)
+        run_task(user)
+        assert user.tenant == "cap3" and records[-1].tenant == "cap3"  # type: ignore[attr-defined]
+        headers, _ = sent(server)[-1]
+        assert headers["authorization"] == "Bearer kvg-cap3-key"
+
+
 def test_multi_turn_resends_earlier_turns(server: FakeServer) -> None:
     user, records = make_user("multi_turn", server.url, turns=3)
     for _ in range(4):

@@ -90,7 +90,8 @@ class LongOutput(KvgateUser):
 
 class SharedPrefix(KvgateUser):
     """Long system prompts shared across requests: public ones by every tenant, private ones
-    per tenant. Each user instance takes one tenant of `tenant_pool` (round robin)."""
+    per tenant. Each user instance takes one tenant of `tenant_pool` (round robin), unless
+    the plan gives the class its own `api_key`: then every user is that tenant."""
 
     traffic_class = "shared_prefix"
     label = "shared_prefix"
@@ -107,7 +108,9 @@ class SharedPrefix(KvgateUser):
     prompt_tokens, max_tokens = 64, 64  # the question after the system prompt
 
     def on_start(self) -> None:
-        if self.tenant_pool:
+        mro = type(self).__mro__
+        named = any("api_key" in vars(k) for k in mro[: mro.index(SharedPrefix)])
+        if self.tenant_pool and not named:
             key, key_name, tenant = self.tenant_pool[self.index % len(self.tenant_pool)]
             self.api_key, self.api_key_name, self.tenant = key, key_name, tenant
 
