@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import bisect
 import time
-from collections.abc import Callable
 from typing import Any, ClassVar
 
 from locust import LoadTestShape, User
@@ -71,6 +70,10 @@ class RecordingShape(LoadTestShape):
     def _close_phase(self, now: float) -> None:
         if self.phases and self.phases[-1]["t1"] is None:
             self.phases[-1]["t1"] = now
+
+
+# The knees after which only `overload_steps` more steps run, and the stop reason each gives.
+KNEE_CAUSES = {"rejection_started_users": "rejections", "slo_broken_users": "slo"}
 
 
 class StepRampShape(RecordingShape):
@@ -180,13 +183,22 @@ class StepRampShape(RecordingShape):
         return self.capacity_users, lowest_failed
 
     def _step_failed(self, step: dict[str, Any]) -> bool:
+        """A load that did not hold: any line crossed but one tenant's quota (policy)."""
+        crossed = self._crossed(step)
+        return any(hit for knee, hit in crossed.items() if knee != "policy_rejection_started_users")
+
+    def _crossed(self, step: dict[str, Any]) -> dict[str, bool]:
+        """Which lines a judged step (enough requests) crossed, by the knee each one names:
+        the one rule the live knees, the bisection's bracket and meta.capacity all read."""
         n = step["requests"]
         slo, p95 = self.slo_ttft_p95_s, step["ttft_p95_s"]
-        return (
-            step["rejected_capacity"] / n >= self.rejection_threshold
-            or step["timeouts"] / n >= self.timeout_threshold
-            or (slo is not None and p95 is not None and p95 > slo)
-        )
+        return {
+            "rejection_started_users": step["rejected_capacity"] / n >= self.rejection_threshold,
+            "policy_rejection_started_users": step["rejected_policy"] / n
+            >= self.rejection_threshold,
+            "slo_broken_users": slo is not None and p95 is not None and p95 > slo,
+            "timeouts_started_users": step["timeouts"] / n >= self.timeout_threshold,
+        }
 
     def on_record(self, record: RequestRecord, **_kwargs: Any) -> None:
         position = bisect.bisect_right(self._step_starts, record.t_send) - 1
@@ -237,40 +249,30 @@ class StepRampShape(RecordingShape):
         self._ttfts.append([])
 
     def _judge(self) -> None:
-        """Finds the first steps whose rejection / timeout shares crossed their thresholds;
-        late records can move an earlier step over, so every step is looked at again."""
+        """Finds the first steps whose rejection / timeout shares or TTFT p95 crossed their
+        lines; late records can move an earlier step over, so every step is looked at again.
+        A capacity or SLO knee also starts the overload steps (`_knee`)."""
         for step, ttfts in zip(self.steps, self._ttfts, strict=True):
             if step["requests"] < self.min_requests:
                 continue
-            share = step["rejected_capacity"] / step["requests"]
-            if self.rejection_started_users is None and share >= self.rejection_threshold:
-                self.rejection_started_users = step["users"]
-                self._knee(step["index"], "rejections")
-            policy = step["rejected_policy"] / step["requests"]
-            if self.policy_rejection_started_users is None and policy >= self.rejection_threshold:
-                self.policy_rejection_started_users = step["users"]
             if ttfts:
                 ordered = sorted(ttfts)
                 step["ttft_p95_s"] = ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))]
-            slo = self.slo_ttft_p95_s
-            p95 = step["ttft_p95_s"]
-            if slo is not None and self.slo_broken_users is None and p95 is not None and p95 > slo:
-                self.slo_broken_users = step["users"]
-                self._knee(step["index"], "slo")
-            if (
-                self.timeouts_started_users is None
-                and step["timeouts"] / step["requests"] >= self.timeout_threshold
-            ):
-                self.timeouts_started_users = step["users"]
+            for knee, hit in self._crossed(step).items():
+                if hit and getattr(self, knee) is None:
+                    setattr(self, knee, step["users"])
+                    if knee in KNEE_CAUSES:
+                        self._knee(step["index"], KNEE_CAUSES[knee])
 
-    KNEES: ClassVar[tuple[str, ...]] = (
+    # The lines a step can cross (`_crossed`), each named by the knee it sets, and the knees
+    # meta.capacity records: those, then the bisection's bracket.
+    LINES: ClassVar[tuple[str, ...]] = (
         "rejection_started_users",
         "policy_rejection_started_users",
         "slo_broken_users",
         "timeouts_started_users",
-        "capacity_users",
-        "capacity_bound_users",
     )
+    KNEES: ClassVar[tuple[str, ...]] = (*LINES, "capacity_users", "capacity_bound_users")
 
     def knees(self) -> dict[str, int | None]:
         """Each knee as the records so far show it, for meta.capacity: every step judged
@@ -279,25 +281,13 @@ class StepRampShape(RecordingShape):
         the line is no knee, and a bisection probe below the first knee can be one."""
         self._judge()  # every step's TTFT p95 from all its records
         judged = [s for s in self.steps if s["requests"] >= self.min_requests]
-
-        def lowest(crossed: Callable[[dict[str, Any]], bool]) -> int | None:
-            return min((int(s["users"]) for s in judged if crossed(s)), default=None)
-
-        slo = self.slo_ttft_p95_s
+        crossed = [(int(s["users"]), self._crossed(s)) for s in judged]
         held, failed = self._bracket()
         return {
-            "rejection_started_users": lowest(
-                lambda s: s["rejected_capacity"] / s["requests"] >= self.rejection_threshold
-            ),
-            "policy_rejection_started_users": lowest(
-                lambda s: s["rejected_policy"] / s["requests"] >= self.rejection_threshold
-            ),
-            "slo_broken_users": lowest(
-                lambda s: slo is not None and s["ttft_p95_s"] is not None and s["ttft_p95_s"] > slo
-            ),
-            "timeouts_started_users": lowest(
-                lambda s: s["timeouts"] / s["requests"] >= self.timeout_threshold
-            ),
+            **{
+                knee: min((users for users, hit in crossed if hit[knee]), default=None)
+                for knee in self.LINES
+            },
             "capacity_users": held,
             "capacity_bound_users": failed,
         }
