@@ -20,7 +20,15 @@ from server.engine.sim import CostModel, CudaOutOfMemory, StepWork, VirtualGpu
 from server.protocol import ApiError
 from server.replica.events import EventLog
 from server.replica.streams import Stream
-from server.scheduler import Admission, PoolExhausted, Scheduler, SeqRequest, SeqState, StepPlan
+from server.scheduler import (
+    Admission,
+    Outcome,
+    PoolExhausted,
+    Scheduler,
+    SeqRequest,
+    SeqState,
+    StepPlan,
+)
 from server.scheduler.mutants import SLOW_RELEASE_S, Mutant
 
 IDLE_WORK = StepWork(prefill_tokens=0, decode_seqs=0, decode_context_tokens=0, sampled_seqs=0)
@@ -100,6 +108,12 @@ class StepLoop:
         adm = self.scheduler.submit(req)
         if adm.http_status == 200:
             stream.set_budget(adm.max_new_tokens, adm.cached_tokens)
+            if adm.outcome is Outcome.ADMIT:
+                # Started now: the sweep reads `admitted` to tell a started stream (cut it)
+                # from a queued one (refuse it). Left unset, a stream admitted at once and
+                # then dropped by the scheduler was "refused" to a handler already waiting
+                # for its end, and its client hung until the replica died.
+                stream.admitted.set_result(None)
             self.streams[req.request_id] = stream
             tenant = req.tenant
             self.tenant_reserved[tenant] = (

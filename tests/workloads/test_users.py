@@ -14,6 +14,7 @@ import pytest
 from locust import User
 from locust.env import Environment
 from locust.exception import StopUser
+from locust.user.users import LOCUST_STATE_STOPPING
 
 import contract
 from tests.workloads.fakes import FakeServer, fake_server
@@ -196,12 +197,20 @@ def test_a_class_with_phases_starts_tasks_only_in_them(server: FakeServer) -> No
     assert len(records) == 1 and len(server.requests) == 1
 
 
-def test_an_idle_phase_class_stops_when_the_shape_finishes(server: FakeServer) -> None:
+def test_an_idle_phase_class_sends_nothing_after_the_shape_and_stops_when_asked(
+    server: FakeServer,
+) -> None:
+    """A finished shape sends nothing more; the user leaves when Locust stops it, not by
+    itself (a greenlet that ends itself while Locust stops users makes Locust log errors)."""
     shape = SimpleNamespace(phases=[{"name": "peak", "t0": 0.0, "t1": 5.0}], finished=True)
     user, records = make_user("short_qa_critical", server.url, phases=("peak",))
     user.environment.shape_class = shape
-    with pytest.raises(StopUser):
-        user.on_start()
+    waiting = gevent.spawn(user.on_start)
+    gevent.sleep(1.2)  # a few polls of the phase
+    assert not waiting.ready()
+    user._state = LOCUST_STATE_STOPPING
+    waiting.join(timeout=5)
+    assert isinstance(waiting.exception, StopUser)
     assert not records and not server.requests
 
 

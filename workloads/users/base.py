@@ -236,12 +236,16 @@ class KvgateUser(User):
 
     def await_phase(self) -> None:
         """Idle while the load shape is in a phase this class does not send in; stop the user
-        (sending nothing) when the shape has finished or Locust asks the user to stop."""
+        (sending nothing) when Locust asks it to stop.
+
+        A finished shape sends nothing more, but the user still waits for Locust to stop it:
+        a user that ended its own greenlet while Locust was stopping users left a dead
+        greenlet in the runner's group, and Locust logged an ERROR per class for each."""
         if not self.phases:
             return
         shape = self.environment.shape_class
         while hasattr(shape, "phases") and not self._in_phase(shape.phases):
-            if getattr(shape, "finished", False) or self._state == LOCUST_STATE_STOPPING:
+            if self._state == LOCUST_STATE_STOPPING:
                 raise StopUser()
             gevent.sleep(PHASE_POLL_S)
 

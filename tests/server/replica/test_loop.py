@@ -59,10 +59,13 @@ def test_cancel_releases_now_and_sweep_cuts_dropped(tmp_path: Path) -> None:
         rt.loop.cancel(gone)
         assert gone.aborted and "gone" not in rt.loop.streams
         assert ("gone", "released") in _events(rt)
-        kept.admitted.set_result(None)
+        # Admitted at submit (no queueing): the sweep must know it started and cut it. A
+        # stream taken for queued got a refusal its handler, already streaming, never read.
+        assert kept.admitted.done()
         rt.scheduler.cancel("keep")  # the scheduler lets go behind the loop's back
         rt.loop._sweep()
         assert kept.aborted and rt.loop.streams == {}
+        await asyncio.wait_for(kept.wait_done(), 1)  # its handler wakes and cuts the body
 
     asyncio.run(go())
 
