@@ -252,12 +252,27 @@ def cut_short(run: RunData, rows: pd.DataFrame) -> pd.Series:
     faults = process_faults(run.faults).rename(columns={"target": "replica", "t_start": "t"})
     deaths = pd.concat([lifecycle[["replica", "t"]], faults[["replica", "t"]]]).dropna(subset=["t"])
     t0 = rows["t_send"].to_numpy(dtype=float)
-    t1 = t0 + rows["e2e_s"].fillna(0.0).to_numpy(dtype=float) + DEATH_SLACK_S
+    t_end = t0 + rows["e2e_s"].fillna(0.0).to_numpy(dtype=float)
+    t1 = t_end + DEATH_SLACK_S
     replica = rows["replica"].astype("string").fillna("").to_numpy()
     died = np.zeros(len(rows), dtype=bool)
     for name, at in zip(deaths["replica"].astype(str), deaths["t"].astype(float), strict=True):
         died |= (t0 <= at) & (at <= t1) & ((replica == name) | (replica == ""))
+    died &= ~_abandoned(events, rows, t_end)
     return stopped | (failed & pd.Series(died, index=rows.index))
+
+
+def _abandoned(events: pd.DataFrame, rows: pd.DataFrame, t_end: np.ndarray) -> np.ndarray:
+    """Requests their replica had released more than DEATH_SLACK_S before the client's
+    answer ended: the server let go of them and left the client waiting, so a death that
+    came later did not cut them short (a dropped stream that hung until a kill)."""
+    released = events[events["event"].eq("released")]
+    if released.empty:
+        return np.zeros(len(rows), dtype=bool)
+    last = released.groupby(["request_id", "replica"], sort=False)["t"].max()
+    keys = pd.MultiIndex.from_arrays([rows["request_id"], rows["replica"]])
+    t_released = last.reindex(keys).to_numpy(dtype=float)  # NaN: never released there
+    return t_end - t_released > DEATH_SLACK_S
 
 
 @metric(

@@ -303,6 +303,24 @@ def test_preempted_requests_dropped_by_a_live_replica_do_not_complete(judge: Jud
     assert result.n_samples == 401 and result.value < 1.0
 
 
+def test_a_preempted_request_the_server_let_go_is_lost_even_if_a_kill_ends_it_later(
+    judge: Judge,
+) -> None:
+    """The replica released the request at 30 s and never told its client, which waited
+    until the replica was killed at 45 s: the kill did not cut it short, the server lost it.
+    One released a moment before the kill is still the kill's."""
+    b = preempted(400).fault(45.0, target="r0")
+    hung = {"outcome": "error", "error_code": "replica_failed", "replica": "r0"}
+    b.request("hung", t=25, e2e_s=20.5, **hung)
+    b.event("preempted", 30, request_id="hung").event("released", 30, request_id="hung")
+    b.request("cut", t=25, e2e_s=20.5, **hung)
+    b.event("preempted", 30, request_id="cut").event("released", 44.9, request_id="cut")
+    result = gate(judge(b), "preempted_complete")
+    assert result.n_samples == 401 and result.status == Status.MARGINAL
+    assert result.evidence[0]["request_id"] == "hung"
+    assert any("1 preempted requests left out" in n for n in result.notes)
+
+
 def victims(batch: int, critical: int = 0, reason: str = "pressure") -> RunBuilder:
     b = RunBuilder()
     for i in range(batch):
