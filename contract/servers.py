@@ -3,10 +3,10 @@
 One YAML file per kind in contract/profiles/ (reference, vllm, sglang, tgi, openai) says
 where its info endpoints are, the names of its metrics (KV usage, running and waiting
 requests, preemptions, prefix-cache queries and hits, request counters), which request
-extensions it accepts, and which kinds of data (`DATA_KINDS`) it provides beyond the
-client's own records. Each file cites the documentation its names come from. Adding a server
-kind means adding one file here; the harness (what to send, what to scrape) and the gates
-(which apply) read the same profile.
+extensions it accepts (and, for the priority field, each priority's value), and which kinds
+of data (`DATA_KINDS`) it provides beyond the client's own records. Each file cites the
+documentation its names come from. Adding a server kind means adding one file here; the
+harness (what to send, what to scrape) and the gates (which apply) read the same profile.
 """
 
 from __future__ import annotations
@@ -18,7 +18,17 @@ from types import MappingProxyType
 from typing import Final
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    ValidationError,
+    field_validator,
+)
+
+from contract import PRIORITIES
 
 PROFILE_DIR: Final = Path(__file__).with_name("profiles")
 
@@ -38,6 +48,8 @@ DATA_KINDS: Final = MappingProxyType(
     }
 )
 # Request fields beyond the OpenAI API that a workload may send, when the profile says so.
+# Each is `true` or `false` in a profile, except `priority_field`: `false`, or the value each
+# of contract.PRIORITIES goes out as (the server's integers).
 EXTENSIONS: Final = (
     "ignore_eos",
     "min_tokens",
@@ -75,16 +87,38 @@ class ServerProfile(BaseModel):
     info_paths: tuple[str, ...] = ("/v1/models",)
     metric_prefixes: tuple[str, ...] = ()  # metric families the sampler keeps
     metrics: MetricNames = MetricNames()
-    extensions: Mapping[str, bool] = Field(default_factory=dict)
+    extensions: Mapping[str, StrictBool | Mapping[str, StrictInt]] = Field(default_factory=dict)
     provides: frozenset[str] = frozenset()
+    # Kinds of data this kind of server cannot give, whatever a run shows, and why: a gate
+    # that needs one is N/A with that reason (a vLLM's recorded events carry the priority
+    # each request ran at, but vLLM has no API keys, so no priority is ever "not allowed").
+    lacks: Mapping[str, str] = Field(default_factory=dict)
+
+    @field_validator("lacks")
+    @classmethod
+    def _known_lacks(cls, value: Mapping[str, str]) -> Mapping[str, str]:
+        unknown = sorted(set(value) - set(DATA_KINDS))
+        if unknown:
+            raise ValueError(f"lacks: unknown data kinds {unknown}; known: {', '.join(DATA_KINDS)}")
+        return MappingProxyType(dict(value))
 
     @field_validator("extensions")
     @classmethod
-    def _known_extensions(cls, value: Mapping[str, bool]) -> Mapping[str, bool]:
+    def _known_extensions(
+        cls, value: Mapping[str, bool | Mapping[str, int]]
+    ) -> Mapping[str, bool | Mapping[str, int]]:
         unknown = sorted(set(value) - set(EXTENSIONS))
         if unknown:
             raise ValueError(f"unknown extensions {unknown}; known: {', '.join(EXTENSIONS)}")
-        return MappingProxyType(dict(value))
+        checked: dict[str, bool | Mapping[str, int]] = {}
+        for name, setting in value.items():
+            if name == "priority_field":
+                checked[name] = _priority_mapping(name, setting)
+            elif isinstance(setting, Mapping):
+                raise ValueError(f"extension {name}: give true or false, not a mapping")
+            else:
+                checked[name] = setting
+        return MappingProxyType(checked)
 
     @field_validator("provides")
     @classmethod
@@ -96,11 +130,45 @@ class ServerProfile(BaseModel):
 
     def accepts(self, extension: str) -> bool:
         """Whether requests to this kind of server may carry `extension` (EXTENSIONS)."""
-        return bool(self.extensions.get(extension, False))
+        return self.extensions.get(extension, False) is not False
+
+    @property
+    def priority_values(self) -> Mapping[str, int] | None:
+        """What each priority goes out as in the body's `priority` field; None: no field."""
+        values = self.extensions.get("priority_field", False)
+        return values if isinstance(values, Mapping) else None
+
+    def priority_value(self, priority: str) -> int | None:
+        """The `priority` field's value for one of contract.PRIORITIES; None where this kind
+        of server takes no priority field."""
+        if priority not in PRIORITIES:
+            raise ValueError(f"unknown priority {priority!r}; one of {', '.join(PRIORITIES)}")
+        values = self.priority_values
+        return None if values is None else values[priority]
 
     @property
     def source_file(self) -> str:
         return f"contract/profiles/{self.kind}.yaml"
+
+
+def _priority_mapping(name: str, setting: bool | Mapping[str, int]) -> bool | Mapping[str, int]:
+    """`false`, or a value for exactly each of contract.PRIORITIES: a server that is sent the
+    field for some priorities and not others would run those at its own default."""
+    if setting is False:
+        return False
+    if not isinstance(setting, Mapping):
+        raise ValueError(
+            f"extension {name}: give each priority's value ({', '.join(PRIORITIES)}), or false"
+        )
+    missing = [p for p in PRIORITIES if p not in setting]
+    unknown = sorted(set(setting) - set(PRIORITIES))
+    if missing or unknown:
+        raise ValueError(
+            f"extension {name}: give a value for each of {', '.join(PRIORITIES)}"
+            + (f"; missing {missing}" if missing else "")
+            + (f"; unknown priorities {unknown}" if unknown else "")
+        )
+    return MappingProxyType({p: setting[p] for p in PRIORITIES})
 
 
 @cache

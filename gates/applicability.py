@@ -66,7 +66,8 @@ assert set(SEEN) == set(servers.DATA_KINDS), "every data kind needs a way to be 
 def available(run: RunData, kind: str) -> bool:
     key = ("available", kind)
     if key not in run.cache:
-        run.cache[key] = kind in target_profile(run).provides or SEEN[kind](run)
+        profile = target_profile(run)
+        run.cache[key] = kind not in profile.lacks and (kind in profile.provides or SEEN[kind](run))
     return bool(run.cache[key])
 
 
@@ -77,6 +78,9 @@ def not_applicable(run: RunData, needs: tuple[str, ...]) -> str | None:
         options = need.split("|")
         if any(available(run, kind) for kind in options):
             continue
+        lacking = [profile.lacks[kind] for kind in options if kind in profile.lacks]
+        if lacking:
+            return f"{'; '.join(lacking)} ({profile.source_file})"
         what = " or ".join(servers.DATA_KINDS[kind] for kind in options)
         return (
             f"needs {what}, which {profile.title} targets do not give "

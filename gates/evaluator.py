@@ -5,12 +5,21 @@ interval's pessimistic end meets the line, FAIL when the point value breaks it, 
 MARGINAL (INVALID for a key gate) with the samples a conclusive judgement would need.
 
 The run's verdict, in this order (gates/README.md says the same):
-1. FAIL when a key gate fails on something other than a latency (an OOM, a tenant over its
-   cap): no lagging load generator or missing data elsewhere makes that breach less real.
-2. INVALID when the load generator hit its CPU warning, the simulator lagged beyond its
-   bound, no gate could judge at all, or a key gate has no data or too little evidence.
-3. FAIL when any key gate fails, or the weighted score of the judged gates is below the
-   file's floor.
+1. FAIL when a blocking gate (a key gate, or one whose gate file says `blocks: true`: the
+   seed's release criteria and the security rules) has failed in a way nothing else about
+   the run can undo: a breach that is not a latency (an OOM, a tenant over its cap), or a
+   latency whose whole interval lies past the line, by more than the run's timings can be
+   late: a lagging simulator by its worst measured lag; a load generator over its CPU
+   budget by an unknown amount, so there only a latency of +inf still counts (requests
+   never answered, releases that never came: a busy machine makes things slow, it does not
+   make them vanish). More evidence elsewhere, or for a key gate that has too little,
+   would not change that.
+2. INVALID when the run cannot be trusted: the load generator hit its CPU warning, the
+   simulator lagged beyond its bound, a fault's rollback did not finish (the server may have
+   been left down), no gate could judge at all, or a key gate has no data or too little
+   evidence.
+3. FAIL when any blocking gate fails, or the weighted score of the judged gates is below
+   the file's floor.
 4. MARGINAL when any gate is not PASS; else PASS.
 """
 
@@ -41,7 +50,8 @@ MISSING_STATUS = {"invalid": Status.INVALID, "fail": Status.FAIL, "pass": Status
 def evaluate(run: RunData, gate_file: GateFile, gates_path: str = "builtin") -> Verdict:
     """Judge every gate of `gate_file` over `run`; writes nothing."""
     results = [judge(run, gate) for gate in gate_file.gates]
-    problems = run_problems(run.meta)
+    timing = run_problems(run.meta)
+    problems = [*timing, *rollback_problems(run.faults)]
     applied = [g for g in results if g.status != Status.NA]
     # The score is over the gates that could judge: a gate without data is not a failure
     # (it makes the run INVALID when key, MARGINAL otherwise), so it must not drag the run
@@ -54,12 +64,13 @@ def evaluate(run: RunData, gate_file: GateFile, gates_path: str = "builtin") -> 
         problems = [*problems, f"key gates without enough evidence: {', '.join(unjudged_key)}"]
     if not judged:
         problems = [*problems, "no gate had data to judge"]
-    if any(g.key and g.status == Status.FAIL and g.unit != "s" for g in results):
+    slack = _timing_slack_s(run.meta) if timing else 0.0
+    if any(_fails_for_good(g, slack) for g in results):
         status = Status.FAIL
     elif problems:
         status = Status.INVALID
     elif (
-        any(g.key and g.status == Status.FAIL for g in results)
+        any(g.blocks and g.status == Status.FAIL for g in results)
         or score < gate_file.fail_score_below
     ):
         status = Status.FAIL
@@ -88,6 +99,49 @@ def evaluate(run: RunData, gate_file: GateFile, gates_path: str = "builtin") -> 
         gates_file=gates_path,
         notes=notes,
     )
+
+
+def _fails_for_good(gate: GateResult, slack_s: float) -> bool:
+    """A blocking gate's FAIL that no more evidence, and no doubt about the run's timings,
+    could turn into a PASS (rule 1 of the verdict). `slack_s`: how late the run's timings
+    may be (0 when they are trusted, +inf when nobody can say)."""
+    if not gate.blocks or gate.status != Status.FAIL:
+        return False
+    if gate.unit != "s":
+        return True
+    if gate.value is not None and math.isinf(gate.value):
+        return True  # censored: answers or releases that never came
+    if gate.straddles or gate.interval is None:
+        return False
+    # the whole interval is past the line, by more than the timings could be late
+    line = Threshold.model_validate(gate.threshold).value
+    return bool(gate.interval[0] - line > slack_s)
+
+
+def _timing_slack_s(meta: dict[str, Any]) -> float:
+    """How late a run's timings can be, when something made them doubtful: a lagging
+    simulator was at most its worst measured step lag late (every release and token it
+    produced came that much late at most); a load generator over its CPU budget stamped its
+    requests late by an amount nobody measured (+inf)."""
+    if meta.get("cpu_warning"):
+        return math.inf
+    worst = meta.get("sim_lag_ms_max") or meta.get("sim_lag_ms_p99")
+    return float(worst) / 1000.0 if isinstance(worst, int | float) else math.inf
+
+
+def rollback_problems(faults: pd.DataFrame) -> list[str]:
+    """Faults whose rollback did not finish: the server may have been left down (or paused,
+    or degraded) for the rest of the run, so what followed says nothing about it."""
+    if faults.empty or "outcome" not in faults:
+        return []
+    # a fault's outcome is "failed: " + its problems joined by "; " (harness/faults/base.py)
+    problems = faults["outcome"].astype(str).str.removeprefix("failed: ").str.split("; ")
+    broken = faults[problems.map(lambda ps: any(p.startswith("rollback") for p in ps))]
+    return [
+        f"fault {row.kind} on {row.target} did not finish its rollback ({row.outcome}): "
+        "the server may have been left down; bring it back before the next run"
+        for row in broken.itertuples()
+    ]
 
 
 def run_problems(meta: dict[str, Any]) -> list[str]:
@@ -176,6 +230,7 @@ def _unjudged(gate: GateSpec, unit: str) -> GateResult:
         title=gate.title,
         metric=gate.metric,
         key=gate.key,
+        blocks=gate.blocking,
         weight=gate.weight,
         status=Status.PASS,
         statistic=gate.pass_.label,

@@ -145,6 +145,11 @@ class GateSpec(BaseModel):
     warn: Threshold | None = None
     weight: float = Field(default=1.0, gt=0)
     key: bool = False
+    # Whether this gate's FAIL fails the run on its own, whatever the score (None: as `key`).
+    # `key` says more: a key gate without data or evidence makes the run INVALID, so a gate
+    # that a run may rightly have no data for (no preemption happened, no probe was sent)
+    # blocks without being key.
+    blocks: bool | None = None
     on_missing: Literal["invalid", "fail", "pass"] = "invalid"
     # Evidence: the interval's confidence, and how many observations a PASS needs at least.
     confidence: float = Field(default=0.95, ge=0.5, lt=1)
@@ -162,6 +167,11 @@ class GateSpec(BaseModel):
     # into the load. The run is then judged and reported as usual, and FAILs.
     abort_on_fail: bool = False
     abort_grace_s: float = Field(default=0.0, ge=0)
+
+    @property
+    def blocking(self) -> bool:
+        """Whether a FAIL of this gate fails the run by itself."""
+        return self.key if self.blocks is None else self.blocks
 
     @model_validator(mode="after")
     def _consistent(self) -> GateSpec:

@@ -64,6 +64,8 @@ class GateResult:
     # Observations counted as breaches because they never got a value (no first token,
     # a release that never came).
     censored: int = 0
+    # A FAIL of this gate fails the run by itself (the gate file's `blocks`, else `key`).
+    blocks: bool = False
 
     def value_text(self) -> str:
         """`p95 = 0.56 s [0.49, 0.71], n = 127`: the one way every output shows a gate's value."""

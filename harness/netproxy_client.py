@@ -156,7 +156,7 @@ class ProxyProcess:
 def start_proxy(
     upstream: str,
     listen: str = "127.0.0.1:0",
-    ready_timeout_s: float = 10,
+    ready_timeout_s: float = 60,  # a busy machine takes its time importing aiohttp
     log_path: Path | None = None,
 ) -> ProxyProcess:
     """Starts a proxy to `upstream` (HOST:PORT) and returns once it listens.

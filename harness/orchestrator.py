@@ -29,14 +29,15 @@ from gates import schema
 from gates.rundir import read_table
 from harness import rundir, summary
 from harness.faults import FaultScheduler, ProxyInPath, ReplicaAdmin, start_proxy_in_path
+from harness.faults.base import ReplicaAdminAPI
 from harness.loadgen import Distribution, LoadGenerator
-from harness.plan import ExternalTarget, Plan
+from harness.plan import ExternalTarget, Plan, VllmTarget
 from harness.progress import Progress
-from harness.release_probe import ProbeSpec, run_probes
+from harness.release_probe import ProbeSpec, prompt_tokens_for, run_probes
 from harness.samplers.nvml import describe_gpus, load_pynvml
 from harness.samplers.process import SamplerConfig
 from harness.sink import RecordSink
-from harness.target import ExternalDeployment, ReferenceDeployment, RunningTarget, make_deployment
+from harness.target import Deployment, ManagedVllmDeployment, RunningTarget, make_deployment
 from harness.traffic import build_shape, build_user_classes
 from harness.watch import RunWatch
 from harness.webui import LiveState, blueprint, require_token
@@ -89,7 +90,9 @@ class Orchestrator:
         self.requests = rundir.TableWriter(run_dir, schema.REQUESTS)
         self.faults_writer = rundir.TableWriter(run_dir, schema.FAULTS)
         self.sink = RecordSink(self.requests)
-        self.deployment: ReferenceDeployment | ExternalDeployment = make_deployment(plan, run_dir)
+        self.deployment: Deployment = make_deployment(
+            plan, run_dir, lambda text: console.print(text, highlight=False)
+        )
         self.target: RunningTarget | None = None
         self.proxy: ProxyInPath | None = None  # only for plans with a network fault
         self.target_meta: dict[str, Any] = {}
@@ -170,6 +173,15 @@ class Orchestrator:
                 watch["server"] = target.pid
             if target.pidfile:
                 pidfiles["server"] = target.pidfile
+        engine_events, engine_priorities = None, {}
+        if isinstance(self.deployment, ManagedVllmDeployment):
+            launch = self.deployment.engine.launch
+            if launch is not None and launch.events_path is not None:
+                engine_events = str(launch.events_path)
+            values = target.profile.priority_values if isinstance(target, VllmTarget) else None
+            engine_priorities = {str(v): k for k, v in (values or {}).items()}
+            if launch is not None:
+                pidfiles["server"] = str(launch.pidfile)
         config = SamplerConfig(
             run_dir=str(self.run_dir),
             gateway_url=self.target.base_url if reference else None,
@@ -181,6 +193,8 @@ class Orchestrator:
             watch_pidfiles=pidfiles,
             intervals=intervals,
             metric_prefixes=list(s.metric_prefixes),
+            engine_events=engine_events,
+            engine_priorities=engine_priorities,
             parent_pid=os.getpid(),
             max_runtime_s=self.plan.planned_seconds() + 600.0,
         )
@@ -207,8 +221,11 @@ class Orchestrator:
         )
         self.loadgen.connect_workers()
         if self.plan.faults:
-            key = self.target.admin_key  # the reference gateway's, for the replica kinds
-            admin = ReplicaAdmin(self.target.base_url, key) if key else None
+            # the replica kinds act on the reference gateway's replicas, or a managed engine
+            key = self.target.admin_key
+            admin: ReplicaAdminAPI | None = ReplicaAdmin(self.target.base_url, key) if key else None
+            if isinstance(self.deployment, ManagedVllmDeployment):
+                admin = self.deployment.engine
             self.faults = FaultScheduler(
                 self.plan.faults,
                 admin,
@@ -331,22 +348,35 @@ class Orchestrator:
         target, probe = self.plan.target, self.plan.samplers.release_probe
         if not isinstance(target, ExternalTarget) or not probe.count or target.model is None:
             return
+        if isinstance(target, VllmTarget) and target.record_events:
+            return  # its scheduler recorder times every release of the run itself
         gauges = target.profile.metrics.kv_usage
         if not gauges:
             return
         assert self.progress is not None and self.target is not None
         self.progress.phase = "release probe"
+        max_tokens = ProbeSpec.max_tokens
+        tokens = prompt_tokens_for(
+            probe.prompt_tokens, self._max_model_len(), max_tokens, self.sink.prompt_ratio()
+        )
         spec = ProbeSpec(
             base_url=self.target.base_url,
             model=target.model,
             api_key=target.api_key,
             metrics_url=target.url + "/metrics",
             gauge_names=gauges,
-            prompt=generator_for(None).text(probe.prompt_tokens, self.plan.seed),
+            prompt=generator_for(None).text(tokens, self.plan.seed),
+            max_tokens=max_tokens,
             hz=probe.hz,
             wait_s=probe.wait_s,
         )
         self.probe_rows = run_probes(spec, probe.count)
+
+    def _max_model_len(self) -> int | None:
+        """The served model's context length, where /v1/models says it (vLLM does)."""
+        models = ((self.target_meta.get("server_info") or {}).get("/v1/models") or {}).get("data")
+        lengths = [m.get("max_model_len") for m in models or [] if isinstance(m, dict)]
+        return next((int(n) for n in lengths if isinstance(n, int) and n > 0), None)
 
     def _write_probe_rows(self) -> None:
         """The probe's rows join the samples table once the sampler process has stopped."""
@@ -382,8 +412,16 @@ class Orchestrator:
             self.progress.stop()
 
     def _stop_faults(self) -> None:
-        if self.faults is not None:
-            self.faults.stop()  # interrupts running faults: their rollbacks run now
+        if self.faults is None:
+            return
+        self.faults.stop()  # ends running faults' holds and waits for their rollbacks
+        for unfinished in self.faults.unfinished_rollbacks:
+            self.console.print(
+                f"kvgate: WARNING: a fault's rollback did not finish ({unfinished}); the "
+                "server may have been left down: check it before the next run",
+                style="bold red",
+                highlight=False,
+            )
 
     def _stop_loadgen(self) -> None:
         if self.web_ui is not None:

@@ -85,6 +85,35 @@ class ExternalTarget(_Strict):
     # A pidfile is read at every sample, so a restart is followed.
     pid: int | None = Field(None, gt=1)
     pidfile: str | None = Field(None, min_length=1)
+    # Request extensions not to send although the profile accepts them (`{cache_salt: false}`:
+    # a gateway that forgets the salt); an extension the profile does not accept cannot be
+    # switched on here.
+    extensions: dict[str, bool] = Field(default_factory=dict)
+
+    @field_validator("extensions")
+    @classmethod
+    def _known_extensions(cls, value: dict[str, bool]) -> dict[str, bool]:
+        unknown = sorted(set(value) - set(servers.EXTENSIONS))
+        if unknown:
+            raise ValueError(
+                f"unknown extensions {unknown}; known: {', '.join(servers.EXTENSIONS)}"
+            )
+        return value
+
+    def sends(self, extension: str) -> bool:
+        """Whether requests to this target carry `extension`: its profile accepts it and the
+        plan did not switch it off."""
+        return self.profile.accepts(extension) and self.extensions.get(extension, True)
+
+    @model_validator(mode="after")
+    def _extensions_accepted(self) -> ExternalTarget:
+        refused = [k for k, on in self.extensions.items() if on and not self.profile.accepts(k)]
+        if refused:
+            raise ValueError(
+                f"extensions {refused}: a {self.kind} server does not accept them "
+                f"({self.profile.source_file})"
+            )
+        return self
 
     @field_validator("kind")
     @classmethod
@@ -109,7 +138,57 @@ class ExternalTarget(_Strict):
         return self
 
 
-Target = Annotated[ReferenceTarget | ExternalTarget, Field(discriminator="type")]
+class VllmTarget(ExternalTarget):
+    """A vLLM server that kvgate starts, watches and stops itself (harness/engines/vllm.py):
+    the engine flags that decide KV-cache behaviour are part of the plan, its log and its
+    scheduler's per-request events go into the run directory, and its whole process tree
+    is stopped at the end. On this kind of machine it is vLLM's CPU build with the tiny local
+    model that `make vllm` sets up; on a GPU host, `python` and `model` name a CUDA vLLM and a
+    real model (docs/real-engines.md)."""
+
+    type: Literal["vllm"] = "vllm"  # type: ignore[assignment]
+    url: str = "http://127.0.0.1:0"  # the port is chosen when the server starts (0: free one)
+    kind: str = "vllm"
+    python: str | None = None  # the vLLM venv's interpreter; None: the cached CPU install
+    model_path: str | None = None  # a model directory or hub id; None: the cached tiny model
+    model: str | None = "tiny-llama"  # the served model name requests carry
+    device: Literal["cpu", "cuda"] = "cpu"
+    dtype: str = "float32"
+    max_model_len: int = Field(4096, ge=64)
+    kv_blocks: int | None = Field(64, ge=2)  # --num-gpu-blocks-override; None: vLLM sizes it
+    block_size: int | None = Field(128, ge=1)
+    max_num_seqs: int | None = Field(None, ge=1)
+    max_num_batched_tokens: int | None = Field(None, ge=1)
+    scheduling_policy: Literal["priority", "fcfs"] = "priority"
+    prefix_caching: bool = True
+    prompt_tokens_details: bool = True  # usage.prompt_tokens_details.cached_tokens
+    enforce_eager: bool = True  # skips torch.compile: start-up 35 s instead of 50-90 s on CPU
+    # CPU build only: GiB of KV space to allocate (whole GiB), and the cores its worker binds
+    # (VLLM_CPU_OMP_THREADS_BIND: "1" is core 1, leaving core 0 to the load generator, with
+    # one CPU reserved; "all" leaves the variable unset, so vLLM binds as it likes).
+    cpu_kvcache_space_gib: int = Field(1, ge=1)
+    cpu_threads_bind: str = "1"
+    record_events: bool = True  # kvgate's scheduler recorder (per-request events)
+    extra_args: list[str] = Field(default_factory=list)  # passed to vLLM verbatim
+    env: dict[str, str] = Field(default_factory=dict)
+    startup_timeout_s: float = Field(300.0, gt=0, le=1800)
+    health_timeout_s: float = Field(300.0, gt=0, le=1800)
+    stop_timeout_s: float = Field(20.0, gt=0, le=300)
+
+    @field_validator("kind")
+    @classmethod
+    def _is_vllm(cls, kind: str) -> str:
+        if kind != "vllm":
+            raise ValueError("a vllm target's kind is vllm")
+        return kind
+
+
+Target = Annotated[ReferenceTarget | VllmTarget | ExternalTarget, Field(discriminator="type")]
+TARGET_MODELS: dict[str, type[_Strict]] = {
+    "reference": ReferenceTarget,
+    "vllm": VllmTarget,
+    "external": ExternalTarget,
+}
 
 
 class TrafficClass(_Strict):
@@ -201,6 +280,17 @@ class Samplers(_Strict):
     sim_lag_bound_ms: float = Field(100.0, gt=0)
 
 
+class Misconfiguration(_Strict):
+    """A real way to get a server wrong, for `kvgate qualify`: the plan overrides that make
+    it (`--set` assignments) and the gates meant to catch it, the most direct first. The
+    reference server's bugs are built in (contract.MUTANTS); a real engine's are the
+    misconfigurations its plan declares."""
+
+    summary: str = Field(min_length=1)
+    set: list[str] = Field(min_length=1)
+    gates: list[str] = Field(min_length=1)
+
+
 class Plan(_Strict):
     name: str = Field("run", pattern=r"^[A-Za-z0-9_.-]+$")
     seed: int = 0
@@ -214,6 +304,9 @@ class Plan(_Strict):
     report_every_s: float | None = Field(None, ge=10)
     output_dir: str = "runs"
     base_dir: str = Field(".", exclude=True)  # the plan file's folder, for relative paths
+    # what `kvgate qualify` runs besides the plan itself on a target other than the
+    # reference server: each must fail its gates (and the run)
+    misconfigurations: dict[str, Misconfiguration] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _faults_fit(self) -> Plan:
@@ -232,13 +325,17 @@ class Plan(_Strict):
                 )
             if not isinstance(fault, KillFault | PauseFault | KillDuringStormFault):
                 continue
-            if not isinstance(target, ReferenceTarget):
+            if isinstance(target, VllmTarget):
+                ids = {"vllm"}
+            elif isinstance(target, ReferenceTarget):
+                ids = {f"r{n}" for n in range(target.replicas)}
+            else:
                 raise ValueError(
-                    f"{where}: kill, pause and kill_during_storm faults need a reference target "
-                    "(they act through its gateway's admin API); against an external target "
-                    "use a signal, command or network fault, or remove it with --set faults=[]"
+                    f"{where}: kill, pause and kill_during_storm faults need a target kvgate "
+                    "runs (reference or vllm: it kills and restarts their processes itself); "
+                    "against an external target use a signal, command or network fault, or "
+                    "remove it with --set faults=[]"
                 )
-            ids = {f"r{n}" for n in range(target.replicas)}
             if fault.replica not in ids:
                 raise ValueError(
                     f"fault at {fault.at_s}s names replica {fault.replica!r}; "
@@ -275,7 +372,7 @@ def _format_errors(source: str, exc: ValidationError) -> str:
     lines = [f"{source}: {exc.error_count()} problem(s) in the plan:"]
     for err in exc.errors():
         where = ".".join(str(p) for p in err["loc"] if not str(p).startswith("function-after"))
-        where = re.sub(r"^target\.(reference|external)\b", "target", where)
+        where = re.sub(r"^target\.(reference|external|vllm)\b", "target", where)
         where = re.sub(rf"^faults\.(\d+)\.({'|'.join(FAULT_MODELS)})\b", r"faults.\1", where)
         where = where.replace(".[key]", " (key)")
         value = err.get("input")
@@ -296,8 +393,8 @@ def _allowed_keys(loc: tuple[int | str, ...]) -> list[str]:
     """The field names of the plan model found at `loc`, for 'unknown key' messages."""
     model: Any = Plan
     for part in loc:
-        if part in ("reference", "external"):
-            model = ReferenceTarget if part == "reference" else ExternalTarget
+        if part in TARGET_MODELS:
+            model = TARGET_MODELS[str(part)]
             continue
         fields = getattr(model, "model_fields", None)
         if fields is None or part not in fields:

@@ -73,6 +73,9 @@ class SignalFault(_FaultBase):
     pidfile: str | None = Field(None, min_length=1)  # read when the fault fires
     match: str | None = Field(None, min_length=1)  # a substring of exactly one command line
     target: str | None = None  # the row's target, e.g. r0; default pid:N, pidfile:P, match:M
+    # The signal goes to the process and all its descendants (snapshotted first): a server
+    # is often several processes, and a KILL of the parent alone leaves the others running.
+    tree: bool = True
     duration_s: float | None = Field(None, gt=0, le=3600)  # STOP only; default 2
     restart_command: str | None = Field(None, min_length=1)  # a shell command
     restart_after_s: float | None = Field(None, ge=0, le=3600)  # default 5

@@ -12,22 +12,25 @@ what to do, found in seconds rather than after the whole plan:
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
-from harness.plan import ExternalTarget, Plan
+from harness.plan import ExternalTarget, Plan, VllmTarget
 from harness.samplers.http import request
 
 RETRY_S = 1.0
+SAY_EVERY_S = 5.0  # how often a wait for the target says so on the console
 
 
 class PreflightError(RuntimeError):
     """The target cannot be judged as configured; the message says why and what to do."""
 
 
-def _models(target: ExternalTarget) -> list[str] | None:
+def _models(target: ExternalTarget, say: Callable[[str], None]) -> list[str] | None:
     """The model ids /v1/models lists, None when the server has no such endpoint."""
     url = target.url + "/v1/models"
-    deadline = time.monotonic() + target.health_timeout_s
+    t0 = time.monotonic()
+    next_say = t0 + SAY_EVERY_S
     last = "no answer"
     while True:
         try:
@@ -35,10 +38,17 @@ def _models(target: ExternalTarget) -> list[str] | None:
             break
         except OSError as exc:
             last = str(getattr(exc, "reason", exc))
-        if time.monotonic() >= deadline:
+        waited = time.monotonic() - t0
+        if waited >= target.health_timeout_s:
             raise PreflightError(
                 f"nothing answers at {target.url} ({last}) within {target.health_timeout_s:g} s; "
                 "is the server running, and are --target-url / target.url right?"
+            )
+        if time.monotonic() >= next_say:
+            next_say += SAY_EVERY_S
+            say(
+                f"kvgate: waiting for {url} to answer ({waited:.0f} s of "
+                f"{target.health_timeout_s:g} s: {last})"
             )
         time.sleep(RETRY_S)
     if resp.status in (401, 403):
@@ -60,12 +70,21 @@ def _models(target: ExternalTarget) -> list[str] | None:
         ) from None
 
 
-def check_external(plan: Plan) -> Plan:
-    """The plan, its external target's model resolved; PreflightError when it cannot run."""
+def check_external(plan: Plan, say: Callable[[str], None] = print) -> Plan:
+    """The plan, its external target's model resolved; PreflightError when it cannot run.
+    A vLLM target kvgate starts itself is checked when it is up (harness/target.py)."""
     target = plan.target
+    if isinstance(target, VllmTarget):
+        from harness.engines.vllm import VllmInstallError, python_and_model
+
+        try:
+            python_and_model(target)
+        except VllmInstallError as exc:
+            raise PreflightError(str(exc)) from None
+        return plan
     if not isinstance(target, ExternalTarget):
         return plan
-    served = _models(target)
+    served = _models(target, say)
     if served is None:
         if target.model is None:
             raise PreflightError(

@@ -18,14 +18,16 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from contract import servers
 from harness.sink import RecordSink
 
-POOL_METRIC = "kvgate_pool_usage_ratio"
+POOL_METRICS = servers.metric_names("kv_usage")  # every server profile's KV-usage gauge
 PLAIN_EVERY_S = 10.0
 
 
 class PoolTail:
-    """Follows samples.jsonl and keeps the newest pool usage ratio per replica."""
+    """Follows samples.jsonl and keeps the newest KV-pool usage (0..1) per replica, from
+    whichever gauge the target's profile names."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -40,10 +42,11 @@ class PoolTail:
             end = chunk.rfind(b"\n") + 1  # leave a half-written line for next time
             self.offset += end
             for line in chunk[:end].splitlines():
-                if POOL_METRIC.encode() in line:
-                    row = json.loads(line)
-                    if row.get("value") is not None:
-                        self.latest[str(row["target"])] = float(row["value"])
+                if not any(name.encode() in line for name in POOL_METRICS):
+                    continue
+                row = json.loads(line)
+                if row.get("metric") in POOL_METRICS and row.get("value") is not None:
+                    self.latest[str(row["target"])] = float(row["value"])
         return max(self.latest.values()) if self.latest else None
 
 

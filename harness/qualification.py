@@ -19,9 +19,17 @@ from reports.qualify import OUTCOME_TEXT, margin_text, rate_text
 FLAKE_SPREADS = 1.0
 EXIT_QUALIFIED, EXIT_BROKEN, EXIT_UNSURE = 0, 3, 4
 RESULTS = {EXIT_QUALIFIED: "PASS", EXIT_BROKEN: "FAIL", EXIT_UNSURE: "MARGINAL"}
-# What became of a mutant: caught by a gate meant for it, caught only by others, not caught
-# at all, or a run that produced no verdict (nothing can be said about its gates).
-DETECTED, BY_ACCIDENT, MISSED, NO_VERDICT = "detected", "by_accident", "missed", "no_verdict"
+# What became of a mutant: caught by a gate meant for it and the run FAILed (a release
+# manager would have been stopped), caught by its gate while the run still read MARGINAL or
+# INVALID (seen, but nobody stopped), caught only by other gates, not caught at all, or a run
+# that produced no verdict (nothing can be said about its gates).
+DETECTED, NOT_STOPPED, BY_ACCIDENT, MISSED, NO_VERDICT = (
+    "detected",
+    "not_stopped",
+    "by_accident",
+    "missed",
+    "no_verdict",
+)
 # What qualify.json keeps of each run's record.
 RUN_KEYS = ("run_dir", "status", "exit_code", "wall_s", "problems", "sim_lag_ms_p99")
 
@@ -30,6 +38,7 @@ def qualify(
     policy_records: Sequence[dict[str, Any]],
     mutant_records: Mapping[str, dict[str, Any]],
     mutants: Mapping[str, MutantSpec],
+    word: str = "mutant",
 ) -> dict[str, Any]:
     """The qualify.json object (less the plan and its overrides), from the runs' records."""
     policy = summarise(list(policy_records))
@@ -37,7 +46,7 @@ def qualify(
     gate_ids = list(dict.fromkeys(g for r in everything for g in r["gates"]))
     found = {name: mutant_result(record, mutants[name]) for name, record in mutant_records.items()}
     gates = {g: _gate(g, policy, policy_records, everything, found) for g in gate_ids}
-    exit_code, reasons = _decide(policy_records, found)
+    exit_code, reasons = _decide(policy_records, found, word)
     return {
         "result": RESULTS[exit_code],
         "exit_code": exit_code,
@@ -48,6 +57,7 @@ def qualify(
         "policy_verdicts": policy["verdicts"],
         "gate_ids": gate_ids,
         "mutants": found,
+        "word": word,  # what the broken variants are: mutants, or misconfigurations
         "gates": gates,
         "policy_runs": [_run(r) for r in policy_records],
     }
@@ -64,7 +74,7 @@ def mutant_result(record: dict[str, Any], spec: MutantSpec) -> dict[str, Any]:
     if record["status"] == "ERROR":
         outcome = NO_VERDICT
     elif set(failed) & set(expected):
-        outcome = DETECTED
+        outcome = DETECTED if record["status"] == "FAIL" else NOT_STOPPED
     else:
         outcome = BY_ACCIDENT if failed else MISSED
     return {
@@ -99,15 +109,16 @@ def _gate(
     seen = [r["gates"][gate_id] for r in policy_records if gate_id in r["gates"]]
     definition = next(r["gates"][gate_id] for r in everything if gate_id in r["gates"])
     statuses = Counter(g["status"] for g in seen)
+    judged = len(seen) - statuses["N/A"]  # an N/A gate is neither passed nor failed
     margin = policy["gates"][gate_id]["margin_spreads"] if seen else None
     return {
         "key": definition["key"],
         "threshold": definition["threshold"],
         "policy_statuses": dict(statuses),
         # a FAIL on the code under test: the gate would have stopped a good release
-        "false_alarm": _rate(statuses["FAIL"], len(seen)),
+        "false_alarm": _rate(statuses["FAIL"], judged),
         # anything but PASS (FAIL, MARGINAL, INVALID): a release a person had to look at
-        "not_pass": _rate(len(seen) - statuses["PASS"], len(seen)),
+        "not_pass": _rate(judged - statuses["PASS"], judged),
         "margin_spreads": margin,
         "will_flake": None if margin is None else float(margin) < FLAKE_SPREADS,
         "expected_for": [m for m, f in found.items() if gate_id in f["expected_gates"]],
@@ -117,7 +128,7 @@ def _gate(
 
 
 def _decide(
-    policy_records: Sequence[dict[str, Any]], found: Mapping[str, dict[str, Any]]
+    policy_records: Sequence[dict[str, Any]], found: Mapping[str, dict[str, Any]], word: str
 ) -> tuple[int, list[str]]:
     """The exit code and, worst first, why it is not 0."""
     by_outcome: dict[str, list[str]] = {}
@@ -127,17 +138,24 @@ def _decide(
     n = len(policy_records)
     broken, unsure = [], []
     for name in by_outcome.get(MISSED, []):
-        broken.append(f"mutant {name} was missed: no gate failed ({_absent(found[name])})")
+        broken.append(f"{word} {name} was missed: no gate failed ({_absent(found[name])})")
     if verdicts["FAIL"]:
         broken.append(f"{verdicts['FAIL']} of {n} policy runs FAILed: false alarms")
     for name in by_outcome.get(BY_ACCIDENT, []):
         m = found[name]
         unsure.append(
-            f"mutant {name} was caught only by accident, by {', '.join(m['failed_gates'])}; "
+            f"{word} {name} was caught only by accident, by {', '.join(m['failed_gates'])}; "
             f"its own gates did not fail ({_absent(m)})"
         )
+    for name in by_outcome.get(NOT_STOPPED, []):
+        m = found[name]
+        caught = ", ".join(g for g in m["failed_gates"] if g in m["expected_gates"])
+        unsure.append(
+            f"{word} {name} failed {caught}, but its run's verdict is {m['verdict']}, not FAIL: "
+            "the release would not have been stopped"
+        )
     for name in by_outcome.get(NO_VERDICT, []):
-        unsure.append(f"mutant {name}: its run gave no verdict (see {found[name]['run_dir']}.log)")
+        unsure.append(f"{word} {name}: its run gave no verdict (see {found[name]['run_dir']}.log)")
     other = {s: k for s, k in verdicts.items() if s not in ("PASS", "FAIL")}
     if other:
         counts = ", ".join(f"{s} {k}" for s, k in sorted(other.items()))
@@ -159,7 +177,8 @@ def markdown(q: dict[str, Any], title: str, records: Sequence[dict[str, Any]]) -
     """qualify.md: the result, the detection matrix, false alarms, then repeat's tables."""
     lines = [f"# Qualification of {title}: {q['result']} (exit {q['exit_code']})", ""]
     lines += [f"- {r}" for r in q["reasons"]] or [
-        "Every mutant was caught by a gate meant for it, and every policy run passed."
+        f"Every {q.get('word', 'mutant')} was caught by a gate meant for it, and every policy "
+        "run passed."
     ]
     lines += ["", "## Detection matrix", "", *_matrix(q), ""]
     counts = ", ".join(f"{k} {v}" for k, v in q["policy_verdicts"].items())
@@ -174,7 +193,7 @@ def markdown(q: dict[str, Any], title: str, records: Sequence[dict[str, Any]]) -
 def _matrix(q: dict[str, Any]) -> list[str]:
     gate_ids = q["gate_ids"]
     lines = [
-        "| mutant | outcome | verdict | " + " | ".join(gate_ids) + " |",
+        f"| {q.get('word', 'mutant')} | outcome | verdict | " + " | ".join(gate_ids) + " |",
         "|---|---|---|" + "---|" * len(gate_ids),
     ]
     for name, m in q["mutants"].items():

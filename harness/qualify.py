@@ -16,7 +16,7 @@ import argparse
 import json
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,7 +24,7 @@ from typing import Any
 import contract
 from gates.spec import GateSpecError, load_gate_file
 from harness import qualification
-from harness.plan import ExternalTarget, Plan, PlanError, load_plan
+from harness.plan import ExternalTarget, Plan, PlanError, ReferenceTarget, load_plan
 from harness.repeat import default_out, describe, run_once
 from reports.qualify import write_html
 
@@ -67,38 +67,88 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def select_mutants(spec: str) -> list[str]:
-    """`all` or `a,b`: the mutants to run, in the contract's order when `all`."""
+@dataclass(frozen=True, slots=True)
+class Teeth:
+    """What a qualification breaks on purpose: the reference server's built-in mutants, or a
+    real engine's misconfigurations as its plan declares them; each with the overrides that
+    make it and the gates meant to catch it."""
+
+    word: str  # "mutant" or "misconfiguration"
+    specs: Mapping[str, contract.MutantSpec]
+    overrides: Mapping[str, tuple[str, ...]]
+
+
+def teeth_of(plan: Plan) -> Teeth:
+    if isinstance(plan.target, ReferenceTarget):
+        return Teeth(
+            "mutant", contract.MUTANTS, {m: (f"target.mutant={m}",) for m in contract.MUTANTS}
+        )
+    declared = plan.misconfigurations
+    return Teeth(
+        "misconfiguration",
+        {name: contract.MutantSpec(tuple(m.gates), m.summary) for name, m in declared.items()},
+        {name: tuple(m.set) for name, m in declared.items()},
+    )
+
+
+def select_mutants(spec: str, teeth: Teeth | None = None) -> list[str]:
+    """`all` or `a,b`: the mutants (or misconfigurations) to run, in their declared order when
+    `all`."""
+    known = list((teeth.specs if teeth else contract.MUTANTS).keys())
+    word = teeth.word if teeth else "mutant"
     if spec.strip() == "all":
-        return list(contract.MUTANTS)
+        if not known:
+            raise UsageError(
+                f"the plan declares no {word}s; list them under `misconfigurations:` "
+                "(harness/plans/vllm.yaml has examples)"
+            )
+        return known
     names = list(dict.fromkeys(n.strip() for n in spec.split(",") if n.strip()))
-    unknown = [n for n in names if n not in contract.MUTANTS]
+    unknown = [n for n in names if n not in known]
     if unknown or not names:
         raise UsageError(
             f"--mutants {spec!r}: {'unknown ' + ', '.join(unknown) if unknown else 'empty'}; "
-            f"give all, or some of: {', '.join(contract.MUTANTS)}"
+            f"give all, or some of: {', '.join(known) or f'(no {word}s declared)'}"
         )
     return names
 
 
-def check_plan(plan_path: str, overrides: Sequence[str], mutants: Sequence[str]) -> Plan:
+def load_policy(plan_path: str, overrides: Sequence[str]) -> Plan:
+    try:
+        return load_plan(plan_path, list(overrides))
+    except PlanError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def check_plan(
+    plan_path: str, overrides: Sequence[str], mutants: Sequence[str], teeth: Teeth | None = None
+) -> Plan:
     """The policy plan, once it and every mutant's variant of it are known to be runnable."""
     try:
         plan = load_plan(plan_path, list(overrides))
-        if isinstance(plan.target, ExternalTarget):
+        teeth = teeth or teeth_of(plan)
+        if isinstance(plan.target, ExternalTarget) and not teeth.specs:
             raise UsageError(
-                f"{plan_path}: the target is an external server at {plan.target.url}; mutants "
-                "need the reference server (target.type: reference), which carries them"
+                f"{plan_path}: the target is a server kvgate cannot break on purpose "
+                f"({plan.target.url}); declare its misconfigurations under `misconfigurations:` "
+                "(each: summary, set, gates), or qualify a reference target, which carries "
+                "its mutants"
             )
-        if plan.target.mutant is not None:
+        if isinstance(plan.target, ReferenceTarget) and plan.target.mutant is not None:
             raise UsageError(
                 f"{plan_path}: the policy under test carries mutant {plan.target.mutant!r}; "
                 "remove target.mutant (qualify adds each mutant itself)"
             )
         plan.check_files()
-        load_gate_file(plan.resolve(plan.gates))
+        gate_ids = {g.id for g in load_gate_file(plan.resolve(plan.gates)).gates}
         for name in mutants:
-            load_plan(plan_path, [*overrides, f"target.mutant={name}"])
+            load_plan(plan_path, [*overrides, *teeth.overrides[name]])
+            unknown = [g for g in teeth.specs[name].gates if g not in gate_ids]
+            if unknown:
+                raise UsageError(
+                    f"{plan_path}: {teeth.word} {name} names gates the gate file does not "
+                    f"have: {', '.join(unknown)}"
+                )
     except (PlanError, GateSpecError) as exc:
         raise UsageError(str(exc)) from None
     return plan
@@ -120,13 +170,22 @@ def prepare_out(out: Path) -> Path:
     return out
 
 
-def jobs(out: Path, runs: int, overrides: Sequence[str], mutants: Sequence[str]) -> list[Job]:
+def jobs(
+    out: Path,
+    runs: int,
+    overrides: Sequence[str],
+    mutants: Sequence[str],
+    teeth: Teeth | None = None,
+) -> list[Job]:
+    teeth = teeth or Teeth(
+        "mutant", contract.MUTANTS, {m: (f"target.mutant={m}",) for m in contract.MUTANTS}
+    )
     policy = [
         Job(f"policy {i}/{runs}", out / f"policy-{i:02d}", tuple(overrides))
         for i in range(1, runs + 1)
     ]
     return policy + [
-        Job(f"mutant {m}", out / f"mutant-{m}", (*overrides, f"target.mutant={m}"), m)
+        Job(f"{teeth.word} {m}", out / f"mutant-{m}", (*overrides, *teeth.overrides[m]), m)
         for m in mutants
     ]
 
@@ -136,6 +195,9 @@ def _caught(result: dict[str, Any]) -> str:
     if result["outcome"] == qualification.DETECTED:
         caught = [g for g in result["failed_gates"] if g in result["expected_gates"]]
         return f"caught by {', '.join(caught)}"
+    if result["outcome"] == qualification.NOT_STOPPED:
+        caught = [g for g in result["failed_gates"] if g in result["expected_gates"]]
+        return f"caught by {', '.join(caught)}, but the run reads {result['verdict']}"
     if result["outcome"] == qualification.BY_ACCIDENT:
         return f"caught only by accident, by {', '.join(result['failed_gates'])}"
     if result["outcome"] == qualification.MISSED:
@@ -143,7 +205,9 @@ def _caught(result: dict[str, Any]) -> str:
     return "no verdict"
 
 
-def execute(plan_path: str, work: Sequence[Job]) -> list[dict[str, Any]] | int:
+def execute(
+    plan_path: str, work: Sequence[Job], specs: Mapping[str, contract.MutantSpec] | None = None
+) -> list[dict[str, Any]] | int:
     """Run every job, printing one line as each finishes; an exit code when one stops it all."""
     records = []
     for i, job in enumerate(work, 1):
@@ -151,7 +215,7 @@ def execute(plan_path: str, work: Sequence[Job]) -> list[dict[str, Any]] | int:
         records.append(record)
         line = f"run {i}/{len(work)} {job.label}: {describe(record)}"
         if job.mutant is not None:
-            result = qualification.mutant_result(record, contract.MUTANTS[job.mutant])
+            result = qualification.mutant_result(record, (specs or contract.MUTANTS)[job.mutant])
             line += f": {_caught(result)}"
         print(line, flush=True)
         if record["exit_code"] == EXIT_USAGE:
@@ -178,21 +242,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.runs < 1:
             raise UsageError(f"--runs {args.runs}: give at least 1 run of the policy under test")
-        mutants = select_mutants(args.mutants)
-        plan = check_plan(args.plan, args.overrides, mutants)
+        teeth = teeth_of(load_policy(args.plan, args.overrides))
+        mutants = select_mutants(args.mutants, teeth)
+        plan = check_plan(args.plan, args.overrides, mutants, teeth)
         out = prepare_out(args.out or default_out("qualify"))
     except UsageError as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    work = jobs(out, args.runs, args.overrides, mutants)
+    work = jobs(out, args.runs, args.overrides, mutants, teeth)
     minutes = len(work) * plan.planned_seconds() / 60
     print(
         f"{PROG}: {len(work)} runs of {args.plan}: {args.runs} of the policy under test, then "
-        f"{len(mutants)} mutants ({', '.join(mutants)}); at least {minutes:.0f} min; into {out}",
+        f"{len(mutants)} {teeth.word}s ({', '.join(mutants)}); at least {minutes:.0f} min; "
+        f"into {out}",
         flush=True,
     )
     try:
-        records = execute(args.plan, work)
+        records = execute(args.plan, work, teeth.specs)
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted; the finished runs are in {out}", file=sys.stderr)
         return EXIT_INTERRUPTED
@@ -202,7 +268,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     q = {
         "plan": args.plan,
         "overrides": list(args.overrides),
-        **qualification.qualify(records[: args.runs], by_mutant, contract.MUTANTS),
+        **qualification.qualify(records[: args.runs], by_mutant, teeth.specs, teeth.word),
     }
     title = " ".join([args.plan, *(f"--set {o}" for o in args.overrides)])
     try:

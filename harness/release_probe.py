@@ -123,7 +123,8 @@ def probe_once(spec: ProbeSpec) -> Row:
     conn, resp = _open_stream(spec)
     try:
         if resp.status != 200:
-            return _unresolved(t0, f"the probe request got HTTP {resp.status}")
+            body = resp.read(2000).decode("utf-8", errors="replace").strip()
+            return _unresolved(t0, f"the probe request got HTTP {resp.status}: {body}")
         if not _first_content(resp, time.monotonic() + spec.wait_s):
             return _unresolved(t0, "the probe request sent no content")
         held = read_gauge(spec)
@@ -150,7 +151,7 @@ def probe_once(spec: ProbeSpec) -> Row:
 
 
 def _unresolved(t: float, why: str) -> Row:
-    reason = why.replace(",", ";").replace("=", ":")[:200]
+    reason = " ".join(why.replace(",", ";").replace("=", ":").split())[:400]
     return {
         "t": t,
         "source": "release_probe",
@@ -159,6 +160,19 @@ def _unresolved(t: float, why: str) -> Row:
         "labels": f"why={reason}",
         "value": 1.0,
     }
+
+
+def prompt_tokens_for(
+    wanted: int, max_model_len: int | None, max_tokens: int, server_per_kvgate: float
+) -> int:
+    """The probe's prompt size in kvgate's tokens: what the plan asks, but small enough that
+    prompt plus output fit the server's context (`max_model_len`, in the server's tokens:
+    `server_per_kvgate` of them per kvgate token, as the run's requests measured), with a
+    tenth of the context to spare for the chat template."""
+    if not max_model_len:
+        return wanted
+    room = (0.9 * max_model_len - max_tokens) / max(server_per_kvgate, 1e-6)
+    return max(16, min(wanted, int(room)))
 
 
 def run_probes(spec: ProbeSpec, count: int) -> list[Row]:

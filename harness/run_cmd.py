@@ -173,7 +173,8 @@ def _run(plan: Plan, args: argparse.Namespace) -> int:
         build_shape(plan)
         if not args.no_gates:
             load_gate_file(plan.resolve(plan.gates))
-        plan = check_external(plan)  # an external target answers and serves the model
+        # an external target answers and serves the model
+        plan = check_external(plan, lambda text: console.print(text, highlight=False))
         web = parse_bind(args.web, os.environ.get("KVGATE_WEB_TOKEN")) if args.web else None
         run_dir = _run_dir(plan, args.out)
     except (PlanError, TrafficError, GateSpecError, PreflightError, WebError) as exc:

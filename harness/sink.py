@@ -48,6 +48,8 @@ class RecordSink:
         # for the live page: recent TTFTs per traffic class, refusals per reason
         self._recent_ttft: dict[str, deque[tuple[float, float]]] = {}
         self.refusals: Counter[str] = Counter()
+        # the server's prompt tokens per kvgate prompt token, summed over answered requests
+        self._prompt_tokens = [0, 0]  # [server's, kvgate's]
 
     @property
     def total(self) -> int:
@@ -75,9 +77,19 @@ class RecordSink:
             self._recent_ttft.setdefault(klass, deque()).append((now, float(ttft)))
         if outcome == REJECTED:
             self.refusals[str(row.get("error_code") or row.get("http_status"))] += 1
+        server, ours = row.get("prompt_tokens"), row.get("target_prompt_tokens")
+        if isinstance(server, int) and isinstance(ours, int) and server > 0 and ours > 0:
+            self._prompt_tokens[0] += server
+            self._prompt_tokens[1] += ours
         while self._recent and self._recent[0][0] < now - RECENT_WINDOW_S:
             self._recent.popleft()
         return True
+
+    def prompt_ratio(self) -> float:
+        """The server's prompt tokens per token kvgate meant to send (its tokenizer and chat
+        template against kvgate's), over the answered requests; 1.0 before any."""
+        server, ours = self._prompt_tokens
+        return server / ours if ours else 1.0
 
     def _since(self, window_s: float) -> list[tuple[float, str, float | None]]:
         cutoff = time.monotonic() - window_s

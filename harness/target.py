@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ from typing import Any
 import psutil
 import yaml
 
-from harness.plan import ExternalTarget, Plan, ReferenceTarget
+from harness.plan import ExternalTarget, Plan, ReferenceTarget, VllmTarget
 from harness.samplers.http import request
 
 READY_POLL_S = 0.2
@@ -273,7 +274,55 @@ class ExternalDeployment:
         """Nothing to stop: the harness does not own an external server."""
 
 
-def make_deployment(plan: Plan, run_dir: Path) -> ReferenceDeployment | ExternalDeployment:
+class ManagedVllmDeployment:
+    """A vLLM server kvgate runs (harness/engines/vllm_deployment.py), described like an
+    external one once it is up, with the engine flags it was started with."""
+
+    def __init__(self, spec: VllmTarget, run_dir: Path, say: Callable[[str], None]) -> None:
+        from harness.engines.vllm_deployment import VllmDeployment
+
+        self.spec = spec
+        self.engine = VllmDeployment(spec, run_dir, say)
+        self.external = ExternalDeployment(spec)
+
+    def start(self) -> RunningTarget:
+        url = self.engine.start()
+        assert self.engine.proc is not None and self.engine.launch is not None
+        replica = {"id": "vllm", "pid": self.engine.proc.pid, "port": self.engine.port, "url": url}
+        return RunningTarget(
+            base_url=url,
+            kind="vllm",
+            replicas=[replica],
+            server_log=self.engine.launch.log_path,
+            api_key=self.spec.api_key,
+        )
+
+    def describe(self) -> dict[str, Any]:
+        meta = self.external.describe()
+        flags = self.spec.model_dump(
+            exclude={"type", "url", "kind", "api_key", "health_path", "pid", "pidfile", "env"}
+        )
+        meta.update(
+            policy=self.spec.scheduling_policy,
+            replicas=[{"id": "vllm", "url": self.spec.url}],
+            config=flags,
+            gpu_sku=meta.get("gpu_sku") or ("cpu" if self.spec.device == "cpu" else None),
+            scheduler_config_digest=hashlib.sha256(
+                json.dumps(flags, sort_keys=True, default=str).encode()
+            ).hexdigest(),
+        )
+        return meta
+
+    def stop(self) -> None:
+        self.engine.stop()
+
+
+Deployment = ReferenceDeployment | ManagedVllmDeployment | ExternalDeployment
+
+
+def make_deployment(plan: Plan, run_dir: Path, say: Callable[[str], None] = print) -> Deployment:
     if isinstance(plan.target, ReferenceTarget):
         return ReferenceDeployment(plan.target, plan, run_dir)
+    if isinstance(plan.target, VllmTarget):
+        return ManagedVllmDeployment(plan.target, run_dir, say)
     return ExternalDeployment(plan.target)

@@ -2,7 +2,8 @@
 
 Every plan class becomes a subclass of the workloads' user class, named after the plan key
 (Locust's master and workers match classes by name, so both sides build the same names).
-Overrides are plain class attributes; the workloads' classes are configured that way.
+Overrides are plain class attributes; the workloads' classes are configured that way. Every
+class also gets the target's request dialect: which extensions go out, and how.
 """
 
 from __future__ import annotations
@@ -13,10 +14,19 @@ from typing import Any
 
 from locust import LoadTestShape, User, between, constant
 
+import contract
+from contract import servers
 from harness.plan import ExternalTarget, Plan, ReferenceTarget
+from workloads.dialect import Dialect
 
 log = logging.getLogger(__name__)
 PROMPT_SIZES = ("prompt_tokens", "prefix_tokens")  # what traffic.prompt_scale multiplies
+# What a class may ask for that only an extension carries: (attribute, the extension, which
+# is also the dialect's field, and what its requests do where the target does not take it).
+ASKED_EXTENSIONS = (
+    ("ignore_eos", "ignore_eos", "its outputs end where the model stops"),
+    ("min_tokens", "min_tokens", "its outputs may end before min_tokens"),
+)
 
 
 class TrafficError(ValueError):
@@ -64,11 +74,26 @@ def _attribute(key: str, value: Any, where: str) -> Any:
     raise TrafficError(f"{where}.wait_time: give seconds (2) or a range ([0.5, 2]), got {value!r}")
 
 
+def target_profile(plan: Plan) -> servers.ServerProfile:
+    target = plan.target
+    return target.profile if isinstance(target, ExternalTarget) else servers.profile("reference")
+
+
+def target_dialect(plan: Plan) -> Dialect:
+    """How requests to the plan's target carry kvgate's extensions: what its server profile
+    accepts, less what the plan switched off (`target.extensions`)."""
+    target = plan.target
+    sends = target.sends if isinstance(target, ExternalTarget) else None
+    return Dialect.for_profile(target_profile(plan), sends)
+
+
 def build_user_classes(
     plan: Plan, host: str, available: Mapping[str, type[User]] | None = None
 ) -> list[type[User]]:
-    """One subclass per plan class, with host, weight/fixed_count and attribute overrides."""
+    """One subclass per plan class, with host, weight/fixed_count, attribute overrides and
+    the target's dialect."""
     available = workload_classes() if available is None else available
+    dialect, profile = target_dialect(plan), target_profile(plan)
     built: list[type[User]] = []
     for name, spec in plan.traffic.classes.items():
         base_name = spec.base or name
@@ -80,8 +105,13 @@ def build_user_classes(
         base = available[base_name]
         where = f"traffic.classes.{name}.attributes"
         _check_attributes(name, base, spec.attributes, where)
+        if "dialect" in spec.attributes:
+            raise TrafficError(
+                f"{where}.dialect: the target decides what requests carry "
+                "(target.kind, target.extensions), not a class"
+            )
         attrs: dict[str, Any] = {k: _attribute(k, v, where) for k, v in spec.attributes.items()}
-        attrs.update(host=host, weight=spec.weight, abstract=False)
+        attrs.update(host=host, weight=spec.weight, abstract=False, dialect=dialect)
         if plan.traffic.prompt_scale != 1.0:
             for size in PROMPT_SIZES:
                 if hasattr(base, size):
@@ -98,25 +128,50 @@ def build_user_classes(
                 attrs["api_key"] = plan.target.api_key
             if plan.target.model and "model" not in spec.attributes and hasattr(base, "model"):
                 attrs["model"] = plan.target.model
-            # only the request extensions the server's profile says it accepts
-            profile = plan.target.profile
-            if attrs.get("ignore_eos", getattr(base, "ignore_eos", False)) and not (
-                profile.accepts("ignore_eos")
-            ):
-                attrs["ignore_eos"] = False
-                log.warning(
-                    "traffic.classes.%s: ignore_eos is not sent to this %s server (%s); "
-                    "its outputs end where the model stops",
-                    name,
-                    profile.kind,
-                    profile.source_file,
-                )
         if spec.weight == 0 and not spec.fixed_count:
             continue  # Locust drops weight-0 classes anyway; say so by not building it
-        built.append(type(name, (base,), attrs))
+        cls = type(name, (base,), attrs)
+        _check_priorities(cls, f"traffic.classes.{name}")
+        _warn_unsent(cls, name, dialect, profile)
+        built.append(cls)
     if not built:
         raise TrafficError("traffic.classes: every class has weight 0; nothing would run")
     return built
+
+
+def _check_priorities(cls: type, where: str) -> None:
+    """A class asks only for priorities every stage knows (the dialect maps each of them)."""
+    asked = [getattr(cls, "priority", None)]
+    asked += [entry[3] for entry in getattr(cls, "escalations", ())]
+    unknown = sorted({str(p) for p in asked if p is not None and p not in contract.PRIORITIES})
+    if unknown:
+        raise TrafficError(
+            f"{where}: priority {', '.join(unknown)} is not one of {', '.join(contract.PRIORITIES)}"
+        )
+
+
+def _warn_unsent(cls: type, name: str, dialect: Dialect, profile: servers.ServerProfile) -> None:
+    """Says which of what a class asks for its target will not be sent, and why."""
+    for attribute, extension, effect in ASKED_EXTENSIONS:
+        if getattr(cls, attribute, None) in (None, False) or getattr(dialect, extension):
+            continue
+        why = "target.extensions" if profile.accepts(extension) else profile.source_file
+        log.warning(
+            "traffic.classes.%s: %s is not sent to this %s server (%s); %s",
+            name,
+            attribute,
+            profile.kind,
+            why,
+            effect,
+        )
+    if getattr(cls, "escalations", ()) and not dialect.carries_priority:
+        log.warning(
+            "traffic.classes.%s: this %s server takes no priority (%s); its escalation "
+            "probes ask for none",
+            name,
+            profile.kind,
+            profile.source_file,
+        )
 
 
 def build_shape(

@@ -29,6 +29,7 @@ from flask import Blueprint, Response, jsonify, request
 
 from contract import servers
 from gates import schema
+from harness.jsonl import JsonlTail
 from harness.sink import RecordSink
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -68,35 +69,6 @@ class Series:
         return {name: list(points) for name, points in self.points.items()}
 
 
-class TableTail:
-    """Reads the rows appended to a JSON-lines table since the last call (a torn last line
-    is left for the next call; a file set aside as a part restarts the tail)."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.offset = 0
-
-    def new_rows(self) -> list[dict[str, Any]]:
-        try:
-            size = self.path.stat().st_size
-            if size < self.offset:
-                self.offset = 0
-            with self.path.open("rb") as f:
-                f.seek(self.offset)
-                data = f.read()
-        except OSError:
-            return []
-        end = data.rfind(b"\n") + 1
-        self.offset += end
-        rows = []
-        for line in data[:end].splitlines():
-            try:
-                rows.append(json.loads(line))
-            except ValueError:
-                continue
-        return rows
-
-
 class LiveState:
     """What the page shows, gathered from the record sink, the growing tables and the
     running evaluation."""
@@ -104,8 +76,8 @@ class LiveState:
     def __init__(self, run_dir: Path, sink: RecordSink, watermarks: dict[str, float]) -> None:
         self.sink = sink
         self.watermarks = watermarks
-        self.samples = TableTail(run_dir / f"{schema.SAMPLES}.jsonl")
-        self.faults = TableTail(run_dir / f"{schema.FAULTS}.jsonl")
+        self.samples = JsonlTail(run_dir / f"{schema.SAMPLES}.jsonl")
+        self.faults = JsonlTail(run_dir / f"{schema.FAULTS}.jsonl")
         self.t0 = time.time()
         self.series: dict[str, Series] = {
             k: Series() for k in ("pool", "gpu_memory", "ttft_p95", "refusals")
@@ -127,7 +99,7 @@ class LiveState:
         for reason, n in self.sink.refusals.items():
             self.series["refusals"].add(reason, at, float(n))
         memory: dict[tuple[str, float], float] = {}  # (target, t) -> MiB, categories summed
-        for row in self.samples.new_rows():
+        for row in self.samples.poll():
             metric, t = row.get("metric"), float(row.get("t") or now) - self.t0
             if metric in POOL_GAUGES:
                 self.series["pool"].add(str(row.get("target")), t, float(row["value"]))
@@ -137,7 +109,7 @@ class LiveState:
                 memory[key] = memory.get(key, 0.0) + float(row["value"]) / scale
         for (target, t), mib in sorted(memory.items(), key=lambda item: item[0][1]):
             self.series["gpu_memory"].add(target, t, mib)
-        for row in self.faults.new_rows():
+        for row in self.faults.poll():
             t = float(row.get("t_start") or now) - self.t0
             self.fault_marks.append((round(t, 1), f"{row.get('kind')} {row.get('target')}"))
 

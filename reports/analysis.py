@@ -14,6 +14,7 @@ import pandas as pd
 from pandas.api.typing import SeriesGroupBy
 
 from contract import servers
+from gates.applicability import available
 from gates.metrics import REGISTRY
 from gates.rundir import RunData
 from gates.spec import GateFilter
@@ -142,7 +143,9 @@ def release_latencies(run: RunData, flt: GateFilter | None = None) -> pd.DataFra
 
 
 def tenant_shares(run: RunData) -> pd.DataFrame:
-    """Max and p95 pool share per tenant."""
+    """Max and p95 pool share per tenant (none for a target without tenants)."""
+    if not available(run, "tenant_share"):
+        return pd.DataFrame(columns=["tenant", "max", "p95"])
     obs = REGISTRY["tenant_pool_share"].compute(run, GateFilter(), {})
     if obs.n_samples == 0:
         return pd.DataFrame(columns=["tenant", "max", "p95"])

@@ -3,7 +3,9 @@
 ROLLBACK: the candidate fails a key gate the baseline passes, or is much slower (large,
 significant effect) for critical/interactive traffic or release. HOLD: something is off
 but rolling back is not clearly right (a run cannot judge, the baseline fails too, small
-regressions, marginal gates). PROMOTE otherwise.
+regressions, marginal gates); a baseline that cannot judge its timings still supports a
+rollback from a candidate that fails a key gate no timing can fake (an OOM). PROMOTE
+otherwise.
 """
 
 from __future__ import annotations
@@ -61,7 +63,8 @@ def compare_runs(candidate: RunData, baseline: RunData, gate_file: GateFile) -> 
     decision, reasons = rules(cand_verdict, base_verdict, gates, tests)
     ranked = sorted((k for k in scores if scores[k] > 0), key=lambda k: -scores[k])
     watermark, why = (None, "")
-    if decision == Decision.ROLLBACK:
+    # an admission watermark is the reference scheduler's knob; another engine has none
+    if decision == Decision.ROLLBACK and candidate.target_kind == "reference":
         watermark, why = recommend_watermark(candidate, baseline)
     target = baseline.meta.get("target") or {}
     return Comparison(
@@ -117,6 +120,21 @@ def rules(
             f"... and {len(large) - MAX_REASONS} more significantly slower class/priority groups"
         )
     if base.status == Status.INVALID:
+        # A breach no timing can fake (an OOM, a tenant over its cap) in the candidate, on a
+        # key gate the baseline passed, still rolls back: the baseline's doubts are about its
+        # timings or its evidence elsewhere, and its run without that breach is real.
+        hard = [
+            g
+            for g in new_fail
+            if g["metric"] not in TIMING_METRICS and g["baseline"] == Status.PASS
+        ]
+        if hard:
+            return Decision.ROLLBACK, [
+                *reasons,
+                "the baseline run is INVALID ("
+                + "; ".join(base.run_problems or ["key gates without data"])
+                + f"), but it passed {', '.join(g['id'] for g in hard)}, which no timing can fake",
+            ]
         return Decision.HOLD, [
             *reasons,
             "the baseline run is INVALID: "

@@ -48,7 +48,12 @@ def pool_usage(run: RunData) -> Figure:
     frame = analysis.pool_usage(run)
     config = analysis.scheduler_config(run)
     rules = []
-    for name, default in analysis.DEFAULT_WATERMARKS.items():
+    # The seed's watermarks belong to the reference scheduler: another engine (vLLM fills its
+    # cache to 100% and preempts) is drawn without lines it never promised to keep.
+    seed_rules = run.target_kind == "reference" or any(
+        name in config for name in analysis.DEFAULT_WATERMARKS
+    )
+    for name, default in analysis.DEFAULT_WATERMARKS.items() if seed_rules else ():
         value = config.get(name, default)
         suffix = "" if name in config else " (default)"
         rules.append(Rule(float(value), f"{name.replace('_', ' ')} {value:g}{suffix}", "#ca8a04"))
@@ -62,8 +67,9 @@ def pool_usage(run: RunData) -> Figure:
         vrules=_fault_rules(run),
         rug=analysis.rejection_rug(run),
         rug_label="rejections",
-        empty="no pool usage: no kvgate_pool_usage_ratio samples, no server events with pool sizes",
-        caption="Dashed: watermarks. Vertical: faults and OOMs. Red ticks at the foot: rejections.",
+        empty="no pool usage: no KV-usage gauge samples, no server events with pool sizes",
+        caption=("Dashed: watermarks. " if rules else "")
+        + "Vertical: faults and OOMs. Red ticks at the foot: rejections.",
     )
     return chart, {"series": frame.to_dict("list")}
 

@@ -27,12 +27,14 @@ TINTS = {
 # A mutant's outcome read as a status: caught by its own gate is what passing means here.
 OUTCOME_STATUS = {
     "detected": "PASS",
+    "not_stopped": "MARGINAL",
     "by_accident": "MARGINAL",
     "missed": "FAIL",
     "no_verdict": "INVALID",
 }
 OUTCOME_TEXT = {
     "detected": "detected",
+    "not_stopped": "caught, not stopped",
     "by_accident": "by accident",
     "missed": "missed",
     "no_verdict": "no verdict",
@@ -45,9 +47,14 @@ def rate_text(rate: Mapping[str, Any]) -> str:
         return "not judged"
     lo, hi = rate["interval"]
     return (
-        f"{rate['count']}/{rate['n']} = {100 * rate['rate']:.3g}% "
-        f"[{100 * lo:.2g}%, {100 * hi:.2g}%]"
+        f"{rate['count']}/{rate['n']} = {_percent(rate['rate'])} [{_percent(lo)}, {_percent(hi)}]"
     )
+
+
+def _percent(share: float) -> str:
+    """0.0213 -> 2.1%, 1.0 -> 100%: two significant digits, never in exponent form."""
+    value = 100 * share
+    return f"{value:.0f}%" if value >= 10 else f"{value:.2g}%"
 
 
 def margin_text(margin: float | str | None) -> str:

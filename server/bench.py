@@ -2,7 +2,8 @@
 process writes per second at 500 concurrent streams, how far its steps fall behind the
 simulated GPU's clock, and its CPU cost per 1,000 token events. With `--hostile`, the
 hostile-input benchmark instead (server/bench_hostile.py; `--hostile --help` lists its
-options).
+options); with `--release`, how fast a deployment releases cancelled and killed work
+(server/bench_release.py).
 
 One replica process (seed policy, sim engine) and one separate reader process that keeps
 `--streams` streams open (closed loop: a finished stream is replaced at once) and only counts
@@ -218,11 +219,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         from server import bench_hostile
 
         return bench_hostile.main(rest)
+    if "--release" in rest:
+        rest.remove("--release")
+        from server import bench_release
+
+        return bench_release.main(rest)
     parser = argparse.ArgumentParser(prog="kvgate bench server", description=__doc__)
     parser.add_argument(
         "--hostile",
         action="store_true",
         help="run the hostile-input benchmark instead (its options: --hostile --help)",
+    )
+    parser.add_argument(
+        "--release",
+        action="store_true",
+        help="run the release benchmark instead: disconnect-to-release and kill-to-settled "
+        "(its options: --release --help)",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--streams", type=int, default=500)

@@ -320,13 +320,17 @@ def health_under_attack(url: str, seconds: float, senders: int) -> dict[str, flo
     }
 
 
-def start_deployment(work: Path) -> tuple[subprocess.Popen[bytes], dict[str, Any]]:
+def start_deployment(
+    work: Path, replicas: int = 2, time_scale: float = 0.05
+) -> tuple[subprocess.Popen[bytes], dict[str, Any]]:
+    """A fresh `server.serve` under `work` (its state and log there); its ready file."""
+    work.mkdir(parents=True, exist_ok=True)
     ready = work / "ready.json"
-    argv = [sys.executable, "-m", "server.serve", "--replicas", "2", "--port", "0"]
-    argv += ["--time-scale", "0.05", "--state-dir", str(work / "state")]
+    argv = [sys.executable, "-m", "server.serve", "--replicas", str(replicas), "--port", "0"]
+    argv += ["--time-scale", str(time_scale), "--state-dir", str(work / "state")]
     argv += ["--ready-file", str(ready)]
-    log = (work / "serve.log").open("wb")
-    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+    with (work / "serve.log").open("wb") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if ready.exists():

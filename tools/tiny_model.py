@@ -1,17 +1,28 @@
 """Write a tiny, randomly initialised Llama causal LM and a local tokenizer to a directory.
 
-For judging a real OpenAI-compatible server (e.g. `transformers serve`) on a CPU-only
-machine without downloading anything: the weights are random (seeded, so every run writes
-the same model) and the tokenizer wraps the repo's own byte-level BPE file
-(`server/tokenizer/kvgate-bpe.json`, 4,096 tokens) with a chat template.
+For judging a real OpenAI-compatible server (`transformers serve`, or vLLM's CPU build) on
+a CPU-only machine without downloading anything: the weights are random (seeded, so every
+run writes the same files) and the tokenizer wraps the repo's own byte-level BPE file
+(`server/tokenizer/kvgate-bpe.json`, 4,096 tokens) with a chat template, so the server's
+token counts are kvgate's.
 
-    /work/realstack/venv/bin/python tools/tiny_model.py /work/realstack/tiny-llama
+    VENV/bin/python tools/tiny_model.py OUT_DIR    # `make vllm` does this for vLLM's CPU build
 
 Needs only the standard library, torch and transformers (run it with the venv that has
-them, not the repo's `.venv`). The model never emits its end token on its own by default
-(the `<|end|>` row of the output layer is zero and decoding is greedy), so every request
-runs to its `max_tokens`, like vLLM's `ignore_eos`; `--sample` makes decoding sample
-instead (then an early stop is possible, rarely).
+them, not the repo's `.venv`). The defaults suit vLLM's CPU attention (head dim 64,
+float32).
+
+The model can never emit a banned token: the special tokens (`<|end|>` among them, so every
+reply runs to its `max_tokens`, like vLLM's `ignore_eos`), the byte fragments that are not
+valid UTF-8 on their own (they would stream as empty or U+FFFD content chunks) and the
+control characters other than tab, newline and carriage return. Channel 0 of the residual
+stream is a bias unit: every embedding holds a constant there and no layer writes to it, so
+after the final norm it is positive. A banned token's output row is minus a large weight on
+that channel and zero elsewhere, so its logit is always negative; one pair of allowed
+tokens has opposite rows, so the best allowed logit is never below zero. Greedy decoding
+(`generation_config.json` has temperature 0, which vLLM takes as its default) therefore
+never picks a banned token, and sampling (`--sample`) practically never does.
+`--allow-all-tokens` turns the bans off but for `<|end|>`.
 """
 
 from __future__ import annotations
@@ -20,6 +31,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 TOKENIZER_JSON = Path(__file__).resolve().parent.parent / "server" / "tokenizer" / "kvgate-bpe.json"
 
@@ -42,6 +54,17 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}"
 )
 
+BIAS_CHANNEL = 0  # residual-stream channel held constant (the bias unit)
+BAN_WEIGHT = 1000.0  # a banned token's logit is -BAN_WEIGHT x (bias channel after the norm)
+ALLOWED_CONTROLS = frozenset("\t\n\r")
+
+# Smoke-check prompts: ASCII, accented and CJK text, digits, code.
+CHECK_PROMPTS = (
+    "hello there",
+    "Summarise the quarterly KV-cache report: pool 80 GiB, 12 tenants, p95 TTFT 412 ms.",
+    "Café naïve résumé — 東京 の 天気 は? def f(x): return {'k': [1, 2, 3]}",
+)
+
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -53,6 +76,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--layers", type=int, default=2, help="decoder layers (default 2)")
     p.add_argument("--heads", type=int, default=4, help="attention heads (default 4)")
     p.add_argument("--kv-heads", type=int, default=2, help="key/value heads (default 2, GQA)")
+    p.add_argument(
+        "--head-dim",
+        type=int,
+        default=64,
+        help="size of one attention head (default 64, which vLLM's CPU attention needs; "
+        "it may differ from hidden / heads)",
+    )
     p.add_argument("--intermediate", type=int, default=256, help="MLP size (default 256)")
     p.add_argument(
         "--max-positions",
@@ -64,10 +94,34 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument(
         "--sample", action="store_true", help="sample (temperature 1) instead of greedy decoding"
     )
+    p.add_argument(
+        "--allow-all-tokens",
+        action="store_true",
+        help="ban only <|end|> (byte fragments and control characters may then be emitted)",
+    )
     return p.parse_args(argv)
 
 
-def build(args: argparse.Namespace) -> dict:
+def banned_token_ids(raw: Any, allow_all: bool) -> list[int]:
+    """Ids the model must never emit: special tokens, lone invalid UTF-8, control chars."""
+    end_id = raw.token_to_id(END)
+    if allow_all:
+        return [end_id]
+    banned = []
+    for i in range(raw.get_vocab_size()):
+        text = raw.decode([i], skip_special_tokens=True)
+        if (
+            not text
+            or "\ufffd" in text
+            or any(ord(c) < 32 and c not in ALLOWED_CONTROLS for c in text)
+        ):
+            banned.append(i)
+    if end_id not in banned:
+        raise SystemExit(f"tiny_model: {END} does not decode to an empty string")
+    return banned
+
+
+def build(args: argparse.Namespace) -> dict[str, Any]:
     import torch
     from tokenizers import Tokenizer
     from transformers import (
@@ -87,6 +141,9 @@ def build(args: argparse.Namespace) -> dict:
         if tok not in vocab:
             raise SystemExit(f"tiny_model: {args.tokenizer_json} lacks special token {tok}")
     end_id = vocab[END]
+    banned = banned_token_ids(raw, args.allow_all_tokens)
+    banned_set = set(banned)
+    allowed = [i for i in range(raw.get_vocab_size()) if i not in banned_set]
 
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=raw,
@@ -106,6 +163,7 @@ def build(args: argparse.Namespace) -> dict:
         num_hidden_layers=args.layers,
         num_attention_heads=args.heads,
         num_key_value_heads=args.kv_heads,
+        head_dim=args.head_dim,
         max_position_embeddings=args.max_positions,
         bos_token_id=None,
         eos_token_id=end_id,
@@ -116,9 +174,17 @@ def build(args: argparse.Namespace) -> dict:
     model = LlamaForCausalLM(config)
     model.eval()
     with torch.no_grad():
-        # A zero output row gives <|end|> logit 0 while the largest other logit is > 0,
-        # so greedy decoding never ends a reply early.
-        model.lm_head.weight[end_id].zero_()
+        # The bias unit: a constant channel in every embedding that no layer writes to.
+        model.model.embed_tokens.weight[:, BIAS_CHANNEL] = config.initializer_range
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight[BIAS_CHANNEL].zero_()
+            layer.mlp.down_proj.weight[BIAS_CHANNEL].zero_()
+        head = model.lm_head.weight
+        head[:, BIAS_CHANNEL] = 0.0
+        head[banned] = 0.0
+        head[banned, BIAS_CHANNEL] = -BAN_WEIGHT
+        # Opposite rows: max(w.h, -w.h) >= 0, so some allowed token beats every banned one.
+        head[allowed[1]] = -head[allowed[0]]
 
     gen = GenerationConfig(
         eos_token_id=end_id,
@@ -133,26 +199,61 @@ def build(args: argparse.Namespace) -> dict:
 
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
+    if not args.sample:
+        # vLLM takes its default sampling parameters from generation_config.json, and
+        # temperature 0 is greedy there. transformers refuses to save temperature 0 beside
+        # do_sample false (it loads it, with a warning), so it is written here.
+        gen_path = out / "generation_config.json"
+        gen_json = json.loads(gen_path.read_text())
+        gen_json["temperature"] = 0.0
+        gen_path.write_text(json.dumps(gen_json, indent=2, sort_keys=True) + "\n")
 
-    # Smoke check: reload, apply the template, greedy-generate a few tokens.
+    # Smoke check: reload, apply the template, greedy-generate, and measure how far the
+    # banned tokens stay below the best allowed one.
     tok2 = PreTrainedTokenizerFast.from_pretrained(out)
-    ids = tok2.apply_chat_template(
-        [{"role": "user", "content": "hello there"}], add_generation_prompt=True
-    )
-    if hasattr(ids, "keys"):
-        ids = ids["input_ids"]
     m2 = LlamaForCausalLM.from_pretrained(out)
-    with torch.no_grad():
-        res = m2.generate(torch.tensor([ids]), max_new_tokens=8, do_sample=False)
+    margin = float("inf")
+    first_ids: list[int] = []
+    first_gen: list[int] = []
+    for n, prompt in enumerate(CHECK_PROMPTS):
+        ids = tok2.apply_chat_template(
+            [{"role": "user", "content": prompt}], add_generation_prompt=True
+        )
+        if hasattr(ids, "keys"):
+            ids = ids["input_ids"]
+        with torch.no_grad():
+            res = m2.generate(
+                torch.tensor([ids]),
+                max_new_tokens=64,
+                do_sample=False,
+                temperature=None,
+                eos_token_id=None,
+                output_logits=True,
+                return_dict_in_generate=True,
+            )
+        gen_ids = res.sequences[0, len(ids) :].tolist()
+        if banned_set.intersection(gen_ids):
+            raise SystemExit(f"tiny_model: greedy decoding emitted a banned token: {gen_ids}")
+        for step in res.logits:
+            row = step[0]
+            margin = min(margin, float(row[allowed].max() - row[banned].max()))
+        if n == 0:
+            first_ids, first_gen = list(ids), gen_ids
+    if margin <= 0:
+        raise SystemExit(f"tiny_model: a banned token reached the top logit (margin {margin})")
     params = sum(p.numel() for p in model.parameters())
     return {
         "out_dir": str(out),
         "params": params,
         "vocab_size": config.vocab_size,
+        "head_dim": args.head_dim,
         "max_position_embeddings": config.max_position_embeddings,
         "eos_token_id": end_id,
-        "prompt_ids": list(ids),
-        "sample_generation_ids": res[0, len(ids) :].tolist(),
+        "banned_tokens": len(banned),
+        "min_logit_margin": round(margin, 3),
+        "prompt_ids": first_ids,
+        "sample_generation_ids": first_gen[:16],
+        "sample_generation_text": tok2.decode(first_gen[:16]),
         "seed": args.seed,
     }
 
@@ -160,7 +261,7 @@ def build(args: argparse.Namespace) -> dict:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     info = build(args)
-    print(json.dumps(info))
+    print(json.dumps(info, ensure_ascii=False))
     return 0
 
 

@@ -1,8 +1,9 @@
 """The streaming OpenAI client every traffic class shares: one request in, one measured ending out.
 
 It reads the socket as bytes arrive (no 1 KiB buffering), times TTFT at the first chunk that
-carries content, every inter-chunk gap and end-to-end on `time.perf_counter()`, takes token
-counts from the final usage chunk, cancels on purpose by closing the connection, and turns
+carries content (or, from a server that streams usage on every chunk, counts a token),
+every inter-chunk gap and end-to-end on `time.perf_counter()`, takes token counts from the
+usage chunks, cancels on purpose by closing the connection, and turns
 every way a request can end into one of the outcomes of `contract.OUTCOMES` instead of
 raising. Connections are kept alive and reused when the server ends the body cleanly.
 """
@@ -33,10 +34,16 @@ class StreamClient:
     Invariant: `_idle` holds only connections whose previous response was read to its end;
     `_draining` those whose body is still being read to its end in the background (with the
     timer that gives up on them). Each exchange owns its connection exclusively.
+
+    `continuous_usage`: the requests ask for usage on every chunk (vLLM's
+    stream_options.continuous_usage_stats). Then a chunk whose usage counts a completion
+    token before any content came is the first token's arrival: a token that is partial
+    UTF-8 streams as "" content.
     """
 
-    def __init__(self, base_url: str) -> None:
+    def __init__(self, base_url: str, continuous_usage: bool = False) -> None:
         self.target = Target(base_url)
+        self.continuous_usage = continuous_usage
         self._idle: list[Connection] = []
         self._draining: dict[Connection, Any] = {}
 

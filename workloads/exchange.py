@@ -74,6 +74,8 @@ class Exchange:
         self.cancel_t = t0 + cancel_s if cancel_s is not None else float("inf")
         head_s = request.head_timeout_s
         self.head_timer = gevent.Timeout(head_s) if head_s is not None else None
+        first_s = request.first_token_timeout_s
+        self.first_timer = gevent.Timeout(first_s) if first_s is not None else None
         self.conn: Connection | None = None
         self.reused = False
         self.last_t = 0.0
@@ -87,6 +89,10 @@ class Exchange:
         except gevent.Timeout as fired:
             if fired is self.head_timer:
                 self._end("timeout", "head_timeout", self._head_timeout_message())
+            elif fired is self.first_timer:
+                limit = self.request.first_token_timeout_s
+                message = f"no first token within {limit:g} s (first_token_timeout_s)"
+                self._end("timeout", "first_token_timeout", message)
             elif fired is timer:
                 self._on_timer()
             else:
@@ -105,14 +111,17 @@ class Exchange:
             raise
         finally:
             timer.close()
-            if self.head_timer is not None:
-                self.head_timer.close()
+            for deadline in (self.head_timer, self.first_timer):
+                if deadline is not None:
+                    deadline.close()
 
     # -- phases -------------------------------------------------------------------------
 
     def _exchange(self) -> None:
         if self.head_timer is not None:
             self.head_timer.start()
+        if self.first_timer is not None:
+            self.first_timer.start()
         self._connect_and_send()
         head, rest, t_arr = self._read_head()
         if self.head_timer is not None:
@@ -264,7 +273,8 @@ class Exchange:
                 code, message = error_object_fields(chunk["error"])
                 raise End("error", code or "stream_error", message)
             content = None
-            for choice in chunk.get("choices") or ():
+            choices = chunk.get("choices")
+            for choice in choices or ():
                 delta = choice.get("delta")
                 text = (
                     (delta.get("content") or delta.get("reasoning_content"))
@@ -280,10 +290,15 @@ class Exchange:
                 self._on_content(content, t_arr, chunk)
             usage = chunk.get("usage")
             if usage:
+                completion = usage.get("completion_tokens")
                 result.prompt_tokens = usage.get("prompt_tokens")
-                result.completion_tokens = usage.get("completion_tokens")
+                result.completion_tokens = completion
                 details = usage.get("prompt_tokens_details") or {}
                 result.cached_tokens = details.get("cached_tokens")
+                if not result.chunks and completion and choices and self.client.continuous_usage:
+                    # The first token came as "" content (partial UTF-8): the count says it
+                    # arrived. The usage-only chunk at the end (no choices) never counts.
+                    self._on_content("", t_arr, chunk)
         except (AttributeError, TypeError, KeyError) as exc:
             raise ProtocolError(f"unexpected chunk shape: {data[:120]!r}") from exc
         return False
@@ -296,6 +311,8 @@ class Exchange:
             result.gaps.append(t_arr - self.last_t)
             self.last_t = t_arr
         else:
+            if self.first_timer is not None:
+                self.first_timer.close()
             result.ttft_s = t_arr - self.t0
             result.ttft_read_s = self.read_at - self.t0
             result.first_emit_ts = chunk.get("kvgate_emit_ts")
@@ -303,7 +320,7 @@ class Exchange:
             # that came in the same read as the first has a gap of zero.
             self.last_t = self.read_at
         result.chunks += 1
-        if result.text is not None:
+        if result.text is not None and text:
             result.text.append(text)
 
     # -- endings ------------------------------------------------------------------------

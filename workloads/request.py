@@ -17,6 +17,11 @@ class StreamRequest:
     # Give up when no response head has arrived this long after sending (None: only
     # timeout_s bounds it): a client that will not wait in a server's queue indefinitely.
     head_timeout_s: float | None = None
+    # Give up when no token has arrived this long after sending (None: only timeout_s and
+    # head_timeout_s bound it): a client with a deadline for its answer to begin, such as a
+    # pipeline that will not wait in a queue past the seed's queue deadline. A server that
+    # sends its response head at once and then queues the request (vLLM) meets this one.
+    first_token_timeout_s: float | None = None
     cancel_after_chunks: int | None = None
     cancel_after_s: float | None = None
     keep_text: bool = False

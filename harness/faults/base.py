@@ -58,7 +58,11 @@ class FaultRecord:
 
 
 class ReplicaAdminAPI(Protocol):
-    """The reference gateway's admin API, as the replica kinds use it."""
+    """A deployment's control of its replicas, as the replica kinds use it: the reference
+    gateway's admin API, or a managed engine. `restart_limit_s` bounds a whole restart
+    (the death noticed, the restart, health again)."""
+
+    restart_limit_s: float
 
     def replica(self, replica_id: str) -> dict[str, Any]: ...
 

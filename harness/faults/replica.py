@@ -1,6 +1,9 @@
-"""The reference deployment's replica faults, through its gateway's admin API: kill (SIGKILL,
-then the gateway's restart after a delay), pause (SIGSTOP, SIGCONT after a duration) and
-kill_during_storm (wait for a cancellation storm, then kill)."""
+"""Replica faults, through the admin API of a deployment kvgate runs: kill (SIGKILL, then a
+restart after a delay), pause (SIGSTOP, SIGCONT after a duration) and kill_during_storm
+(wait for a cancellation storm, then kill). The reference gateway's admin API serves its
+replicas; a managed engine (harness/engines/vllm_deployment.py) is one replica, `vllm`.
+Each signal goes to the replica's whole process tree: a server's helper processes (vLLM's
+EngineCore and worker) survive a kill of their parent and go on holding the GPU."""
 
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ import gevent
 
 from harness.faults.base import FaultContext, FaultError, FaultRecord, ReplicaAdminAPI
 from harness.plan_faults import KillDuringStormFault, KillFault, PauseFault
+from harness.proctree import signal_tree
 from harness.samplers.http import request
 
 RESTART_WAIT_S = 30.0  # how long a restarted replica may take to report "running"
@@ -26,6 +30,8 @@ STORM_WINDOW_S = 2.0
 
 class ReplicaAdmin:
     """The gateway's admin API: where a replica's process is, and restarting it."""
+
+    restart_limit_s = RESTART_LIMIT_S
 
     def __init__(self, gateway_url: str, admin_key: str) -> None:
         self.url = gateway_url.rstrip("/") + "/admin/replicas"
@@ -93,17 +99,18 @@ class KillAction:
         self.recent_cancels = context.recent_cancels
         self.target = spec.replica
         self.hold_s = spec.restart_after_s
-        self.rollback_limit_s = RESTART_LIMIT_S
+        self.rollback_limit_s = self.admin.restart_limit_s
 
     def apply(self, record: FaultRecord) -> None:
         if isinstance(self.spec, KillDuringStormFault):
             self._await_storm(self.spec, record)
         record.pid = int(self.admin.replica(self.spec.replica)["pid"])
         record.begin()
-        os.kill(record.pid, signal.SIGKILL)
+        record.params["pids"] = signal_tree(record.pid, signal.SIGKILL)
 
     def rollback(self, record: FaultRecord) -> None:
-        with gevent.Timeout(RESTART_LIMIT_S, FaultError("restart took too long")):
+        limit = self.rollback_limit_s
+        with gevent.Timeout(limit, FaultError(f"restart took longer than {limit:g} s")):
             self.admin.wait_dead(self.spec.replica)
             self.admin.restart(self.spec.replica)
             new_pid = self.admin.wait_running(self.spec.replica)
@@ -136,9 +143,11 @@ class PauseAction:
     def apply(self, record: FaultRecord) -> None:
         record.pid = int(self.admin.replica(self.spec.replica)["pid"])
         record.begin()
-        os.kill(record.pid, signal.SIGSTOP)
+        record.params["pids"] = signal_tree(record.pid, signal.SIGSTOP)
 
     def rollback(self, record: FaultRecord) -> None:
         assert record.pid is not None
-        os.kill(record.pid, signal.SIGCONT)
+        for pid in record.params.get("pids") or [record.pid]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
         record.rollback.append("resumed")

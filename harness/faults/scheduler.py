@@ -8,6 +8,7 @@ import uuid
 from collections.abc import Callable, Collection, Mapping, Sequence
 
 import gevent
+from gevent.event import Event
 
 from harness.faults.base import (
     ActionFactory,
@@ -51,7 +52,11 @@ class FaultScheduler:
         self.writer = writer
         self.fired = 0
         self.failed = 0
+        # what each fault whose rollback did not finish left behind ("r0: restart ...")
+        self.unfinished_rollbacks: list[str] = []
         self._greenlets: list[gevent.Greenlet] = []
+        self._phase: dict[gevent.Greenlet, str] = {}  # apply | hold | rollback
+        self._ending = Event()  # set by stop(): holds end now, rollbacks run
 
     def start(self, load_start_monotonic: float) -> None:
         for fault, action in zip(self.faults, self.actions, strict=True):
@@ -69,20 +74,33 @@ class FaultScheduler:
         raise ValueError(f"the plan has no {kind} fault to inject; its kinds: {kinds}")
 
     @property
+    def holding(self) -> int:
+        """Faults in effect now, between their apply and their rollback."""
+        return sum(phase == "hold" for phase in self._phase.values())
+
+    @property
     def kinds(self) -> list[str]:
         return sorted({f.kind for f in self.faults})
 
     def stop(self) -> None:
-        """Cancel faults not yet fired; interrupt running ones so their rollbacks run now."""
+        """Cancel faults not yet fired or not yet in effect; end the holds of those in effect,
+        so their rollbacks run now, and wait for every rollback (a restart under way
+        included) up to the longest rollback's limit: the run must not end with the server
+        still coming back. A rollback still running then is interrupted, and its row says so."""
+        self._ending.set()
         for greenlet in self._greenlets:
-            if not greenlet.started:
-                greenlet.kill(block=False)
+            if self._phase.get(greenlet, "apply") == "apply":  # also: not yet begun
+                greenlet.kill(block=False)  # one being applied rolls back what it began
+        running = [g for g in self._greenlets if g.started and not g.dead]
         limit = max((a.rollback_limit_s for a in self.actions), default=0.0) + STOP_GRACE_S
-        gevent.killall([g for g in self._greenlets if g.started], block=True, timeout=limit)
+        gevent.joinall(running, timeout=limit)
+        gevent.killall([g for g in running if not g.dead], block=True, timeout=STOP_GRACE_S)
 
     def _run(self, fault: FaultSpec, action: FaultAction, now: bool = False) -> None:
         params = {**fault.model_dump(), **({"injected": "now"} if now else {})}
         record = FaultRecord(uuid.uuid4().hex[:12], fault.kind, action.target, params)
+        me = gevent.getcurrent()
+        self._phase[me] = "apply"
         self.fired += 1
         try:
             try:
@@ -93,8 +111,10 @@ class FaultScheduler:
                 record.fail("interrupted (the run ended) before it was applied in full")
                 raise
             else:
-                gevent.sleep(action.hold_s)  # the end of the run cuts this short
+                self._phase[me] = "hold"
+                self._ending.wait(timeout=action.hold_s)  # the end of the load cuts it short
         finally:
+            self._phase[me] = "rollback"
             try:
                 # the rollback runs even if the greenlet is killed mid-hold (Ctrl-C, end of run)
                 if record.t_start is not None:
@@ -105,6 +125,9 @@ class FaultScheduler:
     def _journal(self, record: FaultRecord) -> None:
         if record.problems:
             self.failed += 1
+        unfinished = [p for p in record.problems if p.startswith("rollback")]
+        if unfinished:
+            self.unfinished_rollbacks.append(f"{record.target}: {'; '.join(unfinished)}")
         record.t_end = time.time()
         self.writer.write(record.row())
         log.info(

@@ -1,9 +1,11 @@
-"""The `signal` fault: a signal to one process of any deployment, found by pid, pidfile or
-command line when the fault fires; the rollback is CONT after a STOP, the user's restart
-command (and a health poll) after any other signal."""
+"""The `signal` fault: a signal to one process of any deployment (and, unless `tree: false`,
+to all its descendants), found by pid, pidfile or command line when the fault fires; the
+rollback is CONT after a STOP, the user's restart command (and a health poll) after any
+other signal."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -16,6 +18,7 @@ import contract
 from harness.faults.base import FaultContext, FaultError, FaultRecord
 from harness.faults.command import REAP_S, run_shell
 from harness.plan_faults import SignalFault
+from harness.proctree import process_tree
 from harness.samplers.http import request
 
 SIGNALS = {name: signal.Signals[f"SIG{name}"] for name in contract.FAULT_SIGNALS}
@@ -41,6 +44,7 @@ class SignalAction:
         if pid in own:
             raise FaultError(f"pid {pid} is one of kvgate's own processes; nothing was signalled")
         record.pid = pid
+        children = [p.pid for p in process_tree(pid)[1:]] if self.spec.tree else []
         try:
             os.kill(pid, self.signum)
         except ProcessLookupError:
@@ -51,6 +55,10 @@ class SignalAction:
                 "command fault (e.g. sudo kill) instead"
             ) from None
         record.begin()
+        for child in children:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(child, self.signum)
+        record.params["pids"] = [pid, *children]
 
     def rollback(self, record: FaultRecord) -> None:
         assert record.pid is not None
@@ -59,6 +67,9 @@ class SignalAction:
                 os.kill(record.pid, signal.SIGCONT)
             except ProcessLookupError:
                 raise FaultError(f"pid {record.pid} was gone before its CONT") from None
+            for child in record.params.get("pids", [])[1:]:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(child, signal.SIGCONT)
             record.rollback.append("resumed (CONT)")
             return
         if self.spec.restart_command is None:

@@ -22,6 +22,7 @@ from pathlib import Path
 import psutil
 
 from gates import schema
+from harness.jsonl import JsonlTail
 from harness.rundir import TableWriter
 from harness.samplers.events import EventCollector, LifecycleMonitor, Replica, ReplicaTable
 from harness.samplers.nvml import NvmlSampler, load_pynvml
@@ -46,6 +47,10 @@ class SamplerConfig:
     watch_pidfiles: dict[str, str] = field(default_factory=dict)
     intervals: dict[str, float] = field(default_factory=dict)  # nvml, prometheus, events, process
     metric_prefixes: list[str] = field(default_factory=list)
+    # a managed vLLM: the JSON-lines file its scheduler recorder writes, and the kvgate
+    # priority each of its integer priorities stands for (the profile's mapping, inverted)
+    engine_events: str | None = None
+    engine_priorities: dict[str, str] = field(default_factory=dict)
     parent_pid: int = 0
     max_runtime_s: float = 3600.0
 
@@ -146,6 +151,24 @@ def oom_detector(state_dir: str | None) -> Callable[[str, int | None], bool]:
     return is_oom
 
 
+class RecorderEvents:
+    """A managed vLLM's scheduler recorder, followed as its file grows: each line becomes a
+    server_events row (harness/engines/vllm.py owns the mapping)."""
+
+    def __init__(self, config: SamplerConfig) -> None:
+        assert config.engine_events is not None
+        self.tail = JsonlTail(Path(config.engine_events))
+        self.priorities = {int(k): v for k, v in config.engine_priorities.items()}
+
+    def poll(self) -> list[Row]:
+        from harness.engines.vllm import event_rows
+
+        rows: list[Row] = []
+        for raw in self.tail.poll():
+            rows += event_rows(raw, self.priorities)
+        return rows
+
+
 class SamplerProcess:
     """Owns the threads and writers. Invariant: writers close only after every thread ended."""
 
@@ -165,6 +188,7 @@ class SamplerProcess:
             if config.gateway_url
             else None
         )
+        self.engine = RecorderEvents(config) if config.engine_events else None
         self.lifecycle = (
             LifecycleMonitor(
                 config.gateway_url,
@@ -209,7 +233,7 @@ class SamplerProcess:
         if iv.get("process"):
             procs = ProcessSampler(self._roles)
             loops["process"] = (iv["process"], lambda: self.samples.write_many(procs.sample()))
-        if iv.get("events") and self.lifecycle and self.collector:
+        if iv.get("events") and ((self.lifecycle and self.collector) or self.engine):
             loops["events"] = (iv["events"], self._collect_events)
         return loops
 
@@ -218,6 +242,8 @@ class SamplerProcess:
             self.events.write_many(self.lifecycle.poll())
         if self.collector:
             self.events.write_many(self.collector.poll())
+        if self.engine:
+            self.events.write_many(self.engine.poll())
 
     def _run_loop(self, name: str, interval: float, tick: Callable[[], None]) -> None:
         while not self.stop.is_set():

@@ -26,6 +26,7 @@ EVENT_GATES = {
     "failover_no_double_reservation",
     "priority_escalation",
     "cancel_release_p99",
+    "priority_under_pressure",
 }
 
 
@@ -56,11 +57,28 @@ def test_a_vllm_run_is_judged_on_the_gates_that_apply(judge: Judge) -> None:
     assert status["availability"] == status["memory_back_to_idle"] == Status.PASS
     assert status["no_oom"] == Status.PASS and status["ttft_critical_p95"] == Status.PASS
     na = gate(verdict, "tenant_share_cap")
-    assert "vLLM targets do not give" in na.message and "contract/profiles/vllm.yaml" in na.message
+    assert "vLLM has no tenants" in na.message and "contract/profiles/vllm.yaml" in na.message
     assert na.value_text() == "not applicable to this target"
     # the private-prefix gate needs cached tokens, which vLLM gives: missing data, not N/A
     assert status["private_prefix_isolation"] == Status.INVALID
     assert verdict.status == Status.MARGINAL and verdict.score == 1.0
+
+
+def test_a_vllm_run_with_recorded_events_is_judged_on_the_seed_gates(judge: Judge) -> None:
+    """kvgate's scheduler recorder gives a vLLM run per-request events: the release, the
+    preemption and the priority gates apply; what vLLM has no notion of stays N/A, with the
+    reason, even though the events carry priorities."""
+    b = external("vllm", kv_metric="vllm:kv_cache_usage_perc")
+    for i in range(5):
+        rid = f"r{i}"
+        b.event("queued", 20 + i * 0.1, replica="vllm", request_id=rid, priority="critical")
+        b.event("admitted", 20 + i * 0.1, replica="vllm", request_id=rid, priority="critical")
+        b.event("released", 21 + i * 0.1, replica="vllm", request_id=rid, priority="critical")
+    status = {g.id: g.status for g in judge(b).gates}
+    na = {g for g, s in status.items() if s == Status.NA}
+    assert na == {"tenant_share_cap", "failover_no_double_reservation", "priority_escalation"}
+    escalation = gate(judge(b), "priority_escalation")
+    assert "vLLM has no API keys" in escalation.message
 
 
 def test_a_gauge_the_profile_promises_but_the_run_lacks_is_missing_data(judge: Judge) -> None:

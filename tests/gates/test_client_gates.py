@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pandas as pd
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import contract
@@ -83,7 +83,7 @@ def test_timeouts_and_disconnects_have_their_own_rate(judge: Judge) -> None:
     assert "10 timeout" in result.notes[0] and "10 disconnected" in result.notes[0]
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     st.lists(
         st.tuples(

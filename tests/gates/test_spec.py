@@ -36,7 +36,8 @@ def test_threshold_holds_and_nan_never_holds() -> None:
 
 def test_builtin_gates_carry_the_seed_numbers() -> None:
     gates = {g.id: g for g in load_gate_file().gates}
-    assert len(gates) == 14
+    assert len(gates) == 15
+    assert gates["priority_under_pressure"].pass_.value == pytest.approx(0.9)
     assert gates["cancel_release_p99"].pass_.value == 2.0
     assert gates["ttft_critical_p95"].pass_.value == pytest.approx(0.9)
     assert gates["ttft_critical_p95"].filter.priority == ["critical"]

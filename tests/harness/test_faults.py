@@ -9,7 +9,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import gevent
 import psutil
 import pytest
 
@@ -18,10 +17,13 @@ from gates.rundir import read_jsonl
 from harness.faults import FaultError, FaultScheduler
 from harness.plan_faults import KillDuringStormFault, KillFault, PauseFault
 from harness.rundir import TableWriter
+from tests.waiting import wait_until
 
 
 class FakeAdmin:
     """Stands in for the gateway's admin API; 'restart' starts a new sleeper."""
+
+    restart_limit_s = 10.0
 
     def __init__(self, procs: dict[str, subprocess.Popen[bytes]]) -> None:
         self.procs = procs
@@ -33,7 +35,7 @@ class FakeAdmin:
         return {"id": replica_id, "pid": self.procs[replica_id].pid, "state": "running"}
 
     def wait_dead(self, replica_id: str) -> None:
-        self.procs[replica_id].wait(timeout=5)
+        self.procs[replica_id].wait(timeout=30)
 
     def restart(self, replica_id: str) -> None:
         self.restarts.append(replica_id)
@@ -64,15 +66,19 @@ def rows(tmp_path: Path) -> list[dict[str, Any]]:
 def test_kill_then_restart_is_recorded(tmp_path: Path, procs: dict[str, Any]) -> None:
     victim = procs["r0"]
     admin = FakeAdmin(procs)
+    writer = TableWriter(tmp_path, schema.FAULTS)
     sched = FaultScheduler(
         [KillFault(kind="kill", at_s=0.0, replica="r0", restart_after_s=0.2)],
         admin,
-        TableWriter(tmp_path, schema.FAULTS),
+        writer,
         lambda w: 0,  # type: ignore[arg-type]
     )
     sched.start(time.monotonic())
-    gevent.sleep(1.0)
-    sched.stop()
+    try:
+        wait_until(lambda: writer.rows == 1, what="the kill's row, written after its restart")
+    finally:
+        sched.stop()
+    assert admin.restarts == ["r0"]
     assert victim.poll() == -9
     [row] = rows(tmp_path)
     assert row["kind"] == "kill" and row["pid"] == victim.pid and row["outcome"] == "ok"
@@ -90,9 +96,11 @@ def test_pause_is_resumed_even_when_the_run_ends_mid_fault(
         lambda w: 0,  # type: ignore[arg-type]
     )
     sched.start(time.monotonic())
-    gevent.sleep(0.5)
-    assert psutil.Process(procs["r0"].pid).status() == psutil.STATUS_STOPPED
-    sched.stop()  # interrupts the 30 s pause: the rollback (SIGCONT) must still run
+    paused = psutil.Process(procs["r0"].pid)
+    try:
+        wait_until(lambda: paused.status() == psutil.STATUS_STOPPED, what="the pause to begin")
+    finally:
+        sched.stop()  # interrupts the 30 s pause: the rollback (SIGCONT) must still run
     assert psutil.Process(procs["r0"].pid).status() != psutil.STATUS_STOPPED
     [row] = rows(tmp_path)
     assert row["kind"] == "pause" and row["rollback"] == "resumed"
@@ -102,13 +110,14 @@ def test_kill_during_storm_waits_for_cancellations_and_fails_without_one(
     tmp_path: Path, procs: dict[str, Any]
 ) -> None:
     cancels = {"n": 0}
+    writer = TableWriter(tmp_path, schema.FAULTS)
     sched = FaultScheduler(
         [
             KillDuringStormFault(
                 kind="kill_during_storm",
                 at_s=0.0,
                 replica="r0",
-                storm_wait_s=5,
+                storm_wait_s=60,  # sees the storm long before; a busy machine does not matter
                 min_cancels=3,
                 restart_after_s=0.0,
             ),
@@ -117,16 +126,18 @@ def test_kill_during_storm_waits_for_cancellations_and_fails_without_one(
             ),
         ],
         FakeAdmin(procs),
-        TableWriter(tmp_path, schema.FAULTS),
+        writer,
         lambda w: cancels["n"],  # type: ignore[arg-type]
     )
     victim = procs["r0"]
     sched.start(time.monotonic())
-    gevent.sleep(0.6)
-    assert victim.poll() is None  # no storm yet
-    cancels["n"] = 4
-    gevent.sleep(0.6)
-    sched.stop()
+    try:
+        wait_until(lambda: writer.rows == 1, what="r9's row: it gave up waiting for a storm")
+        assert victim.poll() is None  # r0 is still waiting: no storm yet
+        cancels["n"] = 4
+        wait_until(lambda: writer.rows == 2, what="r0's row: killed in the storm and restarted")
+    finally:
+        sched.stop()
     assert victim.poll() == -9
     by_target = {r["target"]: r for r in rows(tmp_path)}
     assert by_target["r0"]["outcome"] == "ok"

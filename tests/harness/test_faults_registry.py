@@ -3,6 +3,7 @@ against throwaway processes, shell commands, a fake proxy client and the real pr
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -23,6 +24,7 @@ import pytest
 from pydantic import TypeAdapter
 
 import contract
+import harness.netproxy_client
 from gates import schema
 from gates.rundir import load_run, read_jsonl
 from harness.faults import REGISTRY, FaultError, FaultScheduler, start_proxy_in_path
@@ -36,9 +38,10 @@ from harness.plan_faults import (
     SignalFault,
 )
 from harness.rundir import TableWriter
+from tests.waiting import wait_until
 
 PLANS = Path(__file__).resolve().parents[2] / "harness" / "plans"
-WAIT_S = 10.0
+WAIT_S = 10.0  # for what takes milliseconds: a process's exit, a local HTTP answer
 ADAPTER: TypeAdapter[FaultSpec] = TypeAdapter(Fault)
 
 BASE = """
@@ -62,14 +65,6 @@ def problems(tmp_path: Path, faults: str, overrides: list[str] | None = None) ->
     with pytest.raises(PlanError) as err:
         plan_with(tmp_path, faults, overrides)
     return str(err.value)
-
-
-def wait_until(condition: Callable[[], bool], timeout_s: float = WAIT_S) -> None:
-    """Yields to the fault greenlets until `condition` holds."""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "condition not met in time"
-        gevent.sleep(0.02)
 
 
 # -- the registry and the plan -------------------------------------------------------------
@@ -229,8 +224,8 @@ def test_replica_kinds_are_refused_on_an_external_target_naming_the_others(
 ) -> None:
     text = problems(tmp_path, "  - {kind: pause, at_s: 5}\n", [EXTERNAL])
     assert (
-        "faults.0 (pause at 5.0s): kill, pause and kill_during_storm faults need a reference"
-        in (text)
+        "faults.0 (pause at 5.0s): kill, pause and kill_during_storm faults need a target "
+        "kvgate runs" in (text)
     )
     assert "use a signal, command or network fault" in text
 
@@ -287,9 +282,23 @@ def spec(**fields: Any) -> FaultSpec:
     return ADAPTER.validate_python(fields)
 
 
+SCHEDULERS: list[FaultScheduler] = []
+
+
 def scheduler(tmp_path: Path, faults: list[FaultSpec], **kwargs: Any) -> FaultScheduler:
     writer = TableWriter(tmp_path, schema.FAULTS)
-    return FaultScheduler(faults, kwargs.pop("admin", None), writer, lambda _: 0, **kwargs)
+    sched = FaultScheduler(faults, kwargs.pop("admin", None), writer, lambda _: 0, **kwargs)
+    SCHEDULERS.append(sched)
+    return sched
+
+
+@pytest.fixture(autouse=True)
+def end_fault_greenlets() -> Iterator[None]:
+    """A test that fails mid-fault leaves no fault running into the next test: killing a
+    fault's greenlet runs its rollback and kills the command it was running."""
+    yield
+    while SCHEDULERS:
+        gevent.killall(SCHEDULERS.pop()._greenlets, block=True, timeout=10)
 
 
 def rows(tmp_path: Path) -> list[dict[str, Any]]:
@@ -298,7 +307,10 @@ def rows(tmp_path: Path) -> list[dict[str, Any]]:
 
 def run_to_end(sched: FaultScheduler, n_rows: int, tmp_path: Path) -> list[dict[str, Any]]:
     sched.start(time.monotonic())
-    wait_until(lambda: sched.fired == len(sched.faults) and len(rows(tmp_path)) == n_rows)
+    wait_until(
+        lambda: sched.fired == len(sched.faults) and len(rows(tmp_path)) == n_rows,
+        what=f"{len(sched.faults)} faults to fire and {n_rows} rows",
+    )
     sched.stop()
     return rows(tmp_path)
 
@@ -375,7 +387,7 @@ def test_stop_by_match_is_continued_even_when_the_run_ends_mid_fault(
     fault = spec(kind="signal", at_s=0, signal="STOP", match=f"sleep {mark}", duration_s=600)
     sched = scheduler(tmp_path, [fault])
     sched.start(time.monotonic())
-    wait_until(lambda: victim.status() == psutil.STATUS_STOPPED)
+    wait_until(lambda: victim.status() == psutil.STATUS_STOPPED, what="the STOP to take effect")
     sched.stop()  # interrupts the 600 s hold: the CONT must still be sent
     assert victim.status() != psutil.STATUS_STOPPED
     [row] = rows(tmp_path)
@@ -492,9 +504,10 @@ def test_a_command_past_its_timeout_is_killed_with_what_it_started(tmp_path: Pat
     )
     assert json.loads(row["params"])["exit_code"] is None
     pid = int(child.read_text())
-    wait_until(lambda: gone(pid))
+    wait_until(lambda: gone(pid), what=f"the command's child {pid} to be killed")
 
 
+@pytest.mark.timeout(60)  # it takes a second; a stop() that waits for the 600 s sleep hangs
 def test_a_command_interrupted_by_the_end_of_the_run_is_killed_and_rolled_back(
     tmp_path: Path,
 ) -> None:
@@ -508,7 +521,7 @@ def test_a_command_interrupted_by_the_end_of_the_run_is_killed_and_rolled_back(
     )
     sched = scheduler(tmp_path, [fault])
     sched.start(time.monotonic())
-    wait_until(started.exists)
+    wait_until(started.exists, what="the command to start")
     sched.stop()
     [row] = rows(tmp_path)
     assert row["outcome"] == "failed: interrupted (the run ended) before it was applied in full"
@@ -526,7 +539,7 @@ def test_network_adds_its_toxic_and_removes_it_in_the_rollback(tmp_path: Path) -
     proxy = FakeProxy()
     sched = scheduler(tmp_path, [network_fault(stream="upstream", toxicity=0.5)], proxy=proxy)
     sched.start(time.monotonic())
-    wait_until(lambda: bool(proxy.toxics))
+    wait_until(lambda: proxy.toxics, what="the toxic to be added")
     [(name, toxic)] = proxy.toxics.items()
     assert toxic == {
         "type": "latency",
@@ -578,7 +591,7 @@ def test_every_fault_that_fired_writes_exactly_one_row(tmp_path: Path, sleepers:
     ]
     sched = scheduler(tmp_path, faults, proxy=FakeProxy())
     sched.start(time.monotonic())
-    wait_until(lambda: len(rows(tmp_path)) == 5)
+    wait_until(lambda: len(rows(tmp_path)) == 5, what="a row from each of the five fired faults")
     sched.stop()
     written = rows(tmp_path)
     assert len(written) == 5 == sched.fired and len({r["fault_id"] for r in written}) == 5
@@ -637,7 +650,14 @@ def test_only_plans_with_a_network_fault_get_the_proxy(tmp_path: Path) -> None:
         start_proxy_in_path(net, "http://127.0.0.1:9", remote_workers=True)
 
 
-def test_a_reset_toxic_through_the_real_proxy(tmp_path: Path, upstream: str) -> None:
+def test_a_reset_toxic_through_the_real_proxy(
+    tmp_path: Path, upstream: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The proxy is up in a second; on a busy machine it has taken 15 s, past the default 10.
+    start_proxy = harness.netproxy_client.start_proxy
+    monkeypatch.setattr(
+        harness.netproxy_client, "start_proxy", functools.partial(start_proxy, ready_timeout_s=60)
+    )
     net = plan_with(
         tmp_path, "  - {kind: network, at_s: 5, duration_s: 1, toxic: {type: timeout}}\n"
     )
@@ -650,7 +670,7 @@ def test_a_reset_toxic_through_the_real_proxy(tmp_path: Path, upstream: str) -> 
         fault = network_fault(600, type="reset_peer", attributes={})
         sched = scheduler(tmp_path, [fault], proxy=proxy.client)
         sched.start(time.monotonic())
-        wait_until(lambda: len(proxy.process.client.toxics()) == 1)
+        wait_until(lambda: len(proxy.process.client.toxics()) == 1, what="the proxy's toxic")
         with pytest.raises((ConnectionResetError, urllib.error.URLError)):
             get(proxy.traffic_url + "/models")
         sched.stop()
@@ -665,6 +685,7 @@ def test_a_reset_toxic_through_the_real_proxy(tmp_path: Path, upstream: str) -> 
 
 
 @pytest.mark.e2e
+@pytest.mark.timeout(400)
 def test_a_run_with_a_network_fault_puts_the_proxy_in_the_users_path(tmp_path: Path) -> None:
     run_dir = tmp_path / "net"
     faults = (
@@ -675,7 +696,8 @@ def test_a_run_with_a_network_fault_puts_the_proxy_in_the_users_path(tmp_path: P
     cmd = [sys.executable, "-m", "harness.run_cmd", str(PLANS / "smoke.yaml")]
     cmd += ["--out", str(run_dir), "--no-gates", *(a for s in quick for a in ("--set", s))]
     root = PLANS.parents[1]
-    proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=120)
+    # The run takes ~15 s; the timeout is for a hung one.
+    proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     meta = json.loads((run_dir / "meta.json").read_text())
     proxy = meta["target"]["proxy"]

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 from gates import schema
 from gates.rundir import part_files, read_table
 from harness.rundir import TableWriter, compact
+from tests.waiting import wait_until
 
 
 def rows(n: int, start: int = 0) -> list[dict[str, object]]:
@@ -18,12 +18,11 @@ def rows(n: int, start: int = 0) -> list[dict[str, object]]:
 
 
 def wait_converted(run_dir: Path, parts: int) -> None:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
+    def converted() -> bool:
         found = part_files(run_dir, schema.SAMPLES)
-        if len(found) == parts and all(p.suffix == ".parquet" for _, p in found):
-            return
-        time.sleep(0.1)
+        return len(found) == parts and all(p.suffix == ".parquet" for _, p in found)
+
+    wait_until(converted, timeout_s=60, what=f"{parts} parts converted to Parquet")
 
 
 def test_parts_read_back_as_one_table_while_and_after_the_run(tmp_path: Path) -> None:

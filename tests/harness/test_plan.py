@@ -64,7 +64,7 @@ def test_fault_on_a_replica_the_target_lacks_is_named(tmp_path: Path) -> None:
 
 
 def test_faults_need_a_reference_target(tmp_path: Path) -> None:
-    with pytest.raises(PlanError, match="faults need a reference target"):
+    with pytest.raises(PlanError, match="faults need a target kvgate runs"):
         load_plan(write(tmp_path, GOOD), ["target={type: external, url: 'http://127.0.0.1:1'}"])
 
 

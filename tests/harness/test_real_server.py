@@ -22,6 +22,7 @@ pytestmark = [
 ]
 
 
+@pytest.mark.timeout(700)  # past the run's own 600 s limit, so that limit is what ends it
 def test_the_external_plan_passes_a_healthy_server_on_the_gates_that_apply(
     tmp_path: Path,
 ) -> None:

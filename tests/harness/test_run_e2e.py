@@ -115,7 +115,16 @@ def test_interrupt_stops_everything_and_keeps_the_partial_run(tmp_path: Path, si
         "load.idle_before_s=0",
     ]
     with (tmp_path / "out.log").open("w") as log:
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+        # Ctrl-C's default, as a terminal gives it: a suite started in the background (as
+        # `make test` starts this file) hands its children SIGINT ignored, and Python then
+        # never turns SIGINT into KeyboardInterrupt.
+        proc = subprocess.Popen(
+            cmd,
+            cwd=ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        )
         try:
             wait_for_file_content(run_dir / "requests.jsonl", timeout=40)
             os.kill(proc.pid, sig)

@@ -4,9 +4,10 @@ with a verdict."""
 from __future__ import annotations
 
 import json
-import socket
+import re
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.reports.test_browser import ARGS, CHROMIUM
+from tests.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -26,10 +28,28 @@ pytestmark = [
 ]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def follow(proc: subprocess.Popen[str]) -> list[str]:
+    """The process's output lines, read in the background as they come."""
+    lines: list[str] = []
+
+    def read() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+
+    threading.Thread(target=read, daemon=True).start()
+    return lines
+
+
+def live_page_port(lines: list[str], proc: subprocess.Popen[str]) -> int:
+    """The port the OS gave the live page (`--web 127.0.0.1:0`), from the line announcing it."""
+
+    def announced() -> int | None:
+        assert proc.poll() is None, "the run ended before its page was served"
+        found = [m for line in lines if (m := re.search(r"live page at http://[^:]+:(\d+)/", line))]
+        return int(found[0].group(1)) if found else None
+
+    return wait_until(announced, timeout_s=120, what="the live page's address on the console")
 
 
 def wait_served(url: str, proc: subprocess.Popen[str], timeout_s: float = 90.0) -> None:
@@ -48,13 +68,15 @@ def wait_served(url: str, proc: subprocess.Popen[str], timeout_s: float = 90.0) 
 def test_the_live_page_updates_and_stops_the_run_with_a_verdict(tmp_path: Path) -> None:
     from playwright.sync_api import sync_playwright
 
-    port, run_dir = free_port(), tmp_path / "web"
+    run_dir = tmp_path / "web"
     cmd = [sys.executable, "-m", "harness.cli", "run", str(ROOT / "harness/plans/smoke.yaml")]
-    cmd += ["--out", str(run_dir), "--web", f"127.0.0.1:{port}", "--set", "load.duration_s=120"]
+    cmd += ["--out", str(run_dir), "--web", "127.0.0.1:0", "--set", "load.duration_s=120"]
     proc = subprocess.Popen(
         cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
+    lines = follow(proc)
     try:
+        port = live_page_port(lines, proc)
         wait_served(f"http://127.0.0.1:{port}/kvgate/state.json", proc)
         with sync_playwright() as p:
             browser = p.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
@@ -80,7 +102,8 @@ def test_the_live_page_updates_and_stops_the_run_with_a_verdict(tmp_path: Path) 
                 assert not errors, errors
             finally:
                 browser.close()
-        out, _ = proc.communicate(timeout=180)
+        proc.wait(timeout=180)
+        out = "".join(lines)
     finally:
         if proc.poll() is None:
             proc.kill()

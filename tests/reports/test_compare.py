@@ -65,12 +65,31 @@ def test_same_runs_promote(synthetic_runs: dict[str, Path], tmp_path: Path) -> N
     assert all(not t["regression"] for t in decision["latency"])
 
 
-def test_invalid_baseline_holds(synthetic_runs: dict[str, Path], tmp_path: Path) -> None:
+def test_invalid_baseline_holds_a_candidate_that_is_only_slower(
+    synthetic_runs: dict[str, Path],
+) -> None:
+    """A baseline whose timings cannot be trusted cannot show that the candidate is slower."""
+    baseline = load_run(synthetic_runs["clean"])
+    baseline.meta["cpu_warning"] = True
+    candidate = load_run(synthetic_runs["clean"])
+    events = candidate.server_events
+    cancelled = candidate.requests.loc[candidate.requests["cancel_at"].notna(), "request_id"]
+    events.loc[events["event"].eq("released") & events["request_id"].isin(cancelled), "t"] += 3.0
+    result = compare_runs(candidate, baseline, load_gate_file())
+    assert result.decision == "HOLD" and result.exit_code == 4
+    assert any("baseline run is INVALID" in r for r in result.reasons)
+
+
+def test_an_oom_rolls_back_even_to_a_baseline_with_untrusted_timings(
+    synthetic_runs: dict[str, Path],
+) -> None:
+    """The baseline ran without an OOM on a starved load generator: that absence of OOM is no
+    timing, so the candidate's OOM still rolls back to it."""
     baseline = load_run(synthetic_runs["clean"])
     baseline.meta["cpu_warning"] = True
     result = compare_runs(load_run(synthetic_runs["oom"]), baseline, load_gate_file())
-    assert result.decision == "HOLD" and result.exit_code == 4
-    assert any("baseline run is INVALID" in r for r in result.reasons)
+    assert result.decision == "ROLLBACK" and result.exit_code == 3
+    assert any("baseline run is INVALID" in r and "no_oom" in r for r in result.reasons)
 
 
 def test_release_defect_is_named(synthetic_runs: dict[str, Path]) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from server.protocol import ApiError, ParsedRequest, parse_body
@@ -54,7 +54,7 @@ def _parse(kind: str, raw: bytes) -> None:
     assert parsed.max_tokens is None or parsed.max_tokens >= 1
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(kind=st.sampled_from(["chat", "completion"]), body=bodies, msgs=messages)
 def test_any_json_body_is_parsed_or_rejected_cleanly(kind: str, body: dict, msgs: list) -> None:
     if kind == "chat" and "messages" not in body:
@@ -63,7 +63,7 @@ def test_any_json_body_is_parsed_or_rejected_cleanly(kind: str, body: dict, msgs
     _parse(kind, json.dumps(body).encode())
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(raw=st.binary(max_size=200))
 def test_any_bytes_are_parsed_or_rejected_cleanly(raw: bytes) -> None:
     _parse("chat", raw)

@@ -1,110 +1,23 @@
 """SIGKILL a replica while 50 streams (and 10 batch requests) run: the gateway drops its
 reservations, replays the replayable requests elsewhere exactly once, ends started streams
-with an error event, and no request ever holds blocks on two replicas."""
+with an error event, and no request ever holds blocks on two replicas. The scenario is
+server/bench_release.py's, which also measures how soon the ledger settles."""
 
 from __future__ import annotations
 
-import asyncio
 import json
-import os
-import signal
-import time
 from collections import defaultdict
 from pathlib import Path
 
-import aiohttp
 import pytest
 import requests
 
+from server.bench_release import kill_during_streams
 from tests.server.procs import Proc, events, key, start_deployment
 
 pytestmark = pytest.mark.e2e
 ADMIN = key("admin")
-STREAM_TENANTS = ("acme", "globex", "initech", "sys")
-
-
-async def _stream(session: aiohttp.ClientSession, url: str, i: int) -> dict:
-    body = {
-        "model": "llama-3-8b",
-        "messages": [{"role": "user", "content": f"stream {i}"}],
-        "max_tokens": 400,
-        "ignore_eos": True,
-        "stream": True,
-    }
-    headers = {**key(STREAM_TENANTS[i % 4]), "X-Request-Id": f"s{i}"}
-    async with session.post(url + "/v1/chat/completions", json=body, headers=headers) as resp:
-        text = (await resp.read()).decode()
-    return {
-        "id": f"s{i}",
-        "status": resp.status,
-        "replica": resp.headers.get("X-Kvgate-Replica"),
-        "retry_after": resp.headers.get("Retry-After"),
-        "text": text,
-    }
-
-
-async def _batch(session: aiohttp.ClientSession, url: str, i: int) -> dict:
-    body = {
-        "model": "llama-3-8b",
-        "prompt": f"batch job {i}",
-        "max_tokens": 300,
-        "ignore_eos": True,
-    }
-    headers = {**key("batch"), "X-Request-Id": f"b{i}"}
-    async with session.post(url + "/v1/completions", json=body, headers=headers) as resp:
-        data = await resp.json()
-    return {
-        "id": f"b{i}",
-        "status": resp.status,
-        "replica": resp.headers.get("X-Kvgate-Replica"),
-        "body": data,
-    }
-
-
-async def _ledger_settles(url: str, dead: str, t_kill: float) -> float:
-    """Seconds from the kill until the ledger holds nothing on `dead` and has zero drift."""
-    async with aiohttp.ClientSession(headers=ADMIN) as s:
-        while time.time() - t_kill < 5:
-            async with s.get(url + "/admin/ledger") as resp:
-                rep = await resp.json()
-            if (
-                rep["replicas"][dead] == "dead"
-                and dead not in rep["by_replica"]
-                and (rep["drift_tokens"] == 0)
-            ):
-                return time.time() - t_kill
-            await asyncio.sleep(0.05)
-    raise AssertionError(f"ledger never settled after the kill: {rep}")
-
-
-async def _all_placed(url: str, n: int) -> None:
-    """Wait until the gateway holds all `n` requests and r0 has admitted a batch one."""
-    async with aiohttp.ClientSession(headers=ADMIN) as s:
-        for _ in range(200):
-            async with s.get(url + "/admin/ledger") as resp:
-                routed = (await resp.json())["requests"] == n
-            async with s.get(url + "/debug/events") as resp:
-                on_r0 = any(
-                    e["replica"] == "r0" and e["event"] == "admitted" and e["request_id"][0] == "b"
-                    for e in map(json.loads, (await resp.text()).splitlines())
-                    if e["request_id"]
-                )
-            if routed and on_r0:
-                return
-            await asyncio.sleep(0.05)
-    raise AssertionError(f"the gateway never held all {n} requests with a batch one on r0")
-
-
-async def _scenario(url: str, victim_pid: int) -> tuple[list[dict], float]:
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
-        tasks = [asyncio.ensure_future(_stream(session, url, i)) for i in range(50)]
-        tasks += [asyncio.ensure_future(_batch(session, url, i)) for i in range(10)]
-        await _all_placed(url, len(tasks))
-        t_kill = time.time()
-        os.kill(victim_pid, signal.SIGKILL)
-        settle = await _ledger_settles(url, "r0", t_kill)
-        results = await asyncio.gather(*tasks)
-    return results, settle
+SETTLE_WAIT_S = 30.0
 
 
 def test_kill_replica_during_streams(tmp_path: Path) -> None:
@@ -112,8 +25,9 @@ def test_kill_replica_during_streams(tmp_path: Path) -> None:
     try:
         reps = requests.get(dep.url + "/admin/replicas", headers=ADMIN, timeout=5).json()
         victim = next(r for r in reps if r["id"] == "r0")
-        results, settle = asyncio.run(_scenario(dep.url, victim["pid"]))
-        assert settle <= 2.0
+        # Raises unless the ledger settles (nothing held on r0, zero drift) within the wait:
+        # a liveness bound; how soon it settles is `kvgate bench server --release`'s figure.
+        results, _ = kill_during_streams(dep.url, "r0", victim["pid"], wait_s=SETTLE_WAIT_S)
 
         streams = [r for r in results if r["id"].startswith("s")]
         batches = [r for r in results if r["id"].startswith("b")]

@@ -135,7 +135,7 @@ def rss_baseline(deployment: Proc, standalone_replica: Proc) -> Iterator[int]:
 @settings(
     max_examples=60,
     deadline=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture],
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 @given(case=hostile_case(), target=st.integers(0, 1))
 def test_hypothesis_hostile_bodies_and_headers(

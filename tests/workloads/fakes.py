@@ -1,7 +1,9 @@
 """A scripted fake OpenAI streaming server (gevent, in-process) for the client's edge cases.
 
 The `X-Fake` request header picks the script; the server records every request id it saw.
-Scripts cover well-formed streams and each way a real server can misbehave.
+Scripts cover well-formed streams and each way a real server can misbehave. A script that
+stalls stalls for STALL_S, longer than any client deadline in the tests, so a client that
+waits on it ends in a timeout, never in the outcome the test expects.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import gevent
+from gevent.event import Event
+from gevent.pool import Pool
 from gevent.server import StreamServer
 from gevent.socket import IPPROTO_TCP, TCP_NODELAY
 from gevent.socket import socket as GSocket
@@ -43,6 +47,8 @@ def chunk(data: bytes) -> bytes:
     return f"{len(data):x}\r\n".encode() + data + b"\r\n"
 
 
+STALL_S = 120.0
+
 STREAM_HEAD = (
     b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n"
     b"X-Kvgate-Replica: fake0\r\n\r\n"
@@ -59,7 +65,10 @@ class FakeServer:
         self.seen: list[str] = []
         self.requests: list[tuple[dict[str, str], bytes]] = []
         self.connections = 0
-        self._server = StreamServer(("127.0.0.1", 0), self._handle)
+        # Set by a test to let `late_end` send the end of its body; cleared as it is used.
+        self.end_body = Event()
+        # A pool, so that stopping the server also ends handlers still stalling.
+        self._server = StreamServer(("127.0.0.1", 0), self._handle, spawn=Pool())
 
     @property
     def url(self) -> str:
@@ -69,7 +78,7 @@ class FakeServer:
         self._server.start()
 
     def stop(self) -> None:
-        self._server.stop(timeout=1)
+        self._server.stop(timeout=0)
 
     def _handle(self, sock: GSocket, _addr: object) -> None:
         self.connections += 1
@@ -119,14 +128,16 @@ class FakeServer:
     def late_end(self, sock: GSocket) -> bool:
         sock.sendall(STREAM_HEAD + chunk(sse(content_chunk(" hi", "stop"))))
         sock.sendall(chunk(b"data: [DONE]\n\n"))
-        gevent.sleep(0.02)  # the body's end comes a little later, as from aiohttp handlers
+        # The body's end comes later, as from aiohttp handlers: once the test says so.
+        self.end_body.wait(STALL_S)
+        self.end_body.clear()
         sock.sendall(b"0\r\n\r\n")
         return True
 
     def keep_open(self, sock: GSocket) -> bool:
         sock.sendall(STREAM_HEAD + chunk(sse(content_chunk(" hi", "stop"))))
         sock.sendall(chunk(b"data: [DONE]\n\n"))
-        gevent.sleep(30)  # never ends the body: the client must not wait for it
+        gevent.sleep(STALL_S)  # never ends the body: the client must not wait for it
         return False
 
     def crlf_bytewise(self, sock: GSocket) -> bool:
@@ -142,12 +153,12 @@ class FakeServer:
 
     def malformed_json(self, sock: GSocket) -> bool:
         sock.sendall(STREAM_HEAD + chunk(b'data: {"choices": [\n\n'))
-        gevent.sleep(5)
+        gevent.sleep(STALL_S)  # the client must judge the bytes, not wait for the close
         return False
 
     def malformed_sse(self, sock: GSocket) -> bool:
         sock.sendall(STREAM_HEAD + chunk(b"this is not an event stream\n\n"))
-        gevent.sleep(5)
+        gevent.sleep(STALL_S)  # the client must judge the bytes, not wait for the close
         return False
 
     def drop(self, sock: GSocket) -> bool:
@@ -191,14 +202,30 @@ class FakeServer:
         return True
 
     def stall(self, sock: GSocket) -> bool:
-        gevent.sleep(30)  # never answers: the client's deadline must end the request
+        gevent.sleep(STALL_S)  # never answers: the client's deadline must end the request
         return False
 
     def slow_tokens(self, sock: GSocket) -> bool:
+        # A token every 10 ms (paced on purpose) that never finishes: only the client's
+        # cancel, deadline or death ends it, and the next write then fails.
         sock.sendall(STREAM_HEAD + chunk(sse(ROLE_CHUNK)))
-        for _ in range(200):
+        deadline = time.monotonic() + STALL_S
+        while time.monotonic() < deadline:
             gevent.sleep(0.01)
             sock.sendall(chunk(sse(content_chunk(" tick"))))
+        return False
+
+    def stall_mid_stream(self, sock: GSocket) -> bool:
+        sock.sendall(STREAM_HEAD + chunk(sse(ROLE_CHUNK)))
+        sock.sendall(b"".join(chunk(sse(content_chunk(" tok"))) for _ in range(3)))
+        gevent.sleep(STALL_S)  # three tokens, then nothing: the client's deadline must end it
+        return False
+
+    def queued(self, sock: GSocket) -> bool:
+        # As vLLM streams a request it has queued: the head and a role-only chunk at once,
+        # then nothing until the request is scheduled (here: never).
+        sock.sendall(STREAM_HEAD + chunk(sse(ROLE_CHUNK)))
+        gevent.sleep(STALL_S)
         return False
 
     def until_close(self, sock: GSocket) -> bool:
@@ -226,6 +253,8 @@ SCRIPTS: dict[str, Callable[[FakeServer, GSocket], bool]] = {
         "stream_error",
         "stall",
         "slow_tokens",
+        "stall_mid_stream",
+        "queued",
         "until_close",
     )
 }

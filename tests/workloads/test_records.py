@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
-import time
 from collections import Counter
 from typing import Any
 
-import gevent
 from locust import constant
 from locust.env import Environment
 
 from gates.schema import OUTCOMES, REQUEST_COLUMNS
+from tests.waiting import wait_until
 from tests.workloads.fakes import fake_server
 from workloads.client import StreamResult
 from workloads.records import RequestMeta, RequestRecord, build_record, install_record_hook
@@ -42,7 +41,7 @@ def test_inter_token_statistics_use_every_gap() -> None:
 class FastUser(ShortQAInteractive):
     wait_time = constant(0)
     prompt_tokens = 8
-    timeout_s = 5.0
+    timeout_s = 60.0  # no request times out, however busy the machine: only quit cuts them
 
 
 def test_one_record_per_request_across_a_thousand_requests() -> None:
@@ -59,9 +58,7 @@ def test_one_record_per_request_across_a_thousand_requests() -> None:
         runner = env.create_local_runner()
         try:
             runner.start(20, spawn_rate=1000)
-            deadline = time.monotonic() + 60
-            while len(records) < 1000 and time.monotonic() < deadline:
-                gevent.sleep(0.05)
+            wait_until(lambda: len(records) >= 1000, timeout_s=120, what="1000 records")
         finally:
             runner.quit()
         seen = list(srv.seen)

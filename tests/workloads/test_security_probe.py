@@ -103,3 +103,23 @@ def test_a_warm_request_that_fails_ends_its_group(server: FakeServer) -> None:
     )
     run_task(user)
     assert [(r.probe, r.outcome) for r in records] == [("prefix_warm", "rejected")]
+
+
+def test_a_held_warm_request_is_still_streaming_when_probe_and_control_go_out() -> None:
+    """hold_warm_tokens: the probe goes out once the warm request has streamed its first
+    token and before it ends, so its prefix is held by a live request; the warm request asks
+    for that many tokens, and the group still waits for it to finish."""
+    with fake_server(tokens=40, gap_s=0.02) as srv:
+        user, records = make_user(
+            "security_probe", srv.url, escalations=(), prefix_tokens=32, hold_warm_tokens=40
+        )
+        run_task(user)
+        bodies = {h["x-request-id"]: b for h, b in sent(srv)}
+    by_role = {r.probe: r for r in records}
+    warm = by_role["prefix_warm"]
+    assert warm.outcome == "ok" and bodies[warm.request_id]["max_tokens"] == 40
+    warm_end = warm.t_send + (warm.e2e_s or 0.0)
+    for role in ("prefix_probe", "prefix_control"):
+        other = by_role[role]
+        assert warm.t_send + (warm.ttft_s or 0.0) <= other.t_send < warm_end, role
+        assert bodies[other.request_id]["max_tokens"] == 8  # the class's own

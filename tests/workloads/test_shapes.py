@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import time
 from types import SimpleNamespace
 from typing import Any
 
-import gevent
 import pytest
 from locust import User, constant, task
 from locust.env import Environment
 
+from tests.waiting import wait_until
 from workloads.client import StreamResult
 from workloads.records import RequestMeta, build_record, install_record_hook
 from workloads.shapes import PeakTroughShape, RecordingShape, SoakShape, StepRampShape
@@ -308,13 +307,16 @@ def test_peak_trough_moves_batch_users_in_a_real_locust_run() -> None:
     env = Environment(user_classes=[Online, Offline], shape_class=shape)
     runner = env.create_local_runner()
     counts: list[tuple[str, dict[str, int]]] = []
+
+    def sample_until_the_shape_ends() -> bool:
+        if shape.phases and not shape.finished:
+            counts.append((shape.phases[-1]["name"], dict(runner.user_classes_count)))
+        return runner.shape_greenlet is None
+
     try:
         runner.start_shape()
-        deadline = time.monotonic() + 15
-        while runner.shape_greenlet is not None and time.monotonic() < deadline:
-            gevent.sleep(0.25)
-            if shape.phases and not shape.finished:
-                counts.append((shape.phases[-1]["name"], dict(runner.user_classes_count)))
+        # The shape runs 6 s of real time: the deadline is for a hung run only.
+        wait_until(sample_until_the_shape_ends, timeout_s=90, what="the shape to end")
     finally:
         runner.quit()
     assert shape.finished

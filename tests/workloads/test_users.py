@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import time
 from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
@@ -17,6 +16,7 @@ from locust.exception import StopUser
 from locust.user.users import LOCUST_STATE_STOPPING
 
 import contract
+from tests.waiting import wait_until
 from tests.workloads.fakes import FakeServer, fake_server
 from workloads.records import RequestRecord, install_record_hook
 from workloads.users import USER_CLASSES
@@ -48,6 +48,27 @@ def run_task(user: User) -> None:
 
 def sent(server: FakeServer) -> list[tuple[dict[str, str], dict[str, Any]]]:
     return [(headers, json.loads(body)) for headers, body in server.requests]
+
+
+class Shape:
+    """A load shape that counts how often a user read its phases (twice per poll)."""
+
+    def __init__(self, phases: list[dict[str, Any]], finished: bool) -> None:
+        self._phases, self.finished, self.polls = phases, finished, 0
+
+    @property
+    def phases(self) -> list[dict[str, Any]]:
+        self.polls += 1
+        return self._phases
+
+    @phases.setter
+    def phases(self, phases: list[dict[str, Any]]) -> None:
+        self._phases = phases
+
+
+@pytest.fixture
+def fast_phase_polls(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(users_base, "PHASE_POLL_S", 0.01)
 
 
 def test_registry_covers_every_traffic_class() -> None:
@@ -179,14 +200,15 @@ def test_a_batch_job_runner_submits_its_items_in_chunks() -> None:
     assert len(records) == 5 and all(r.outcome == "ok" and r.priority == "batch" for r in records)
 
 
+@pytest.mark.usefixtures("fast_phase_polls")
 def test_a_class_with_phases_starts_tasks_only_in_them(server: FakeServer) -> None:
     """Daytime traffic: the user waits through a trough and starts once the peak opens."""
-    shape = SimpleNamespace(phases=[{"name": "trough", "t0": 0.0, "t1": None}], finished=False)
+    shape = Shape(phases=[{"name": "trough", "t0": 0.0, "t1": None}], finished=False)
     user, records = make_user("short_qa_critical", server.url, phases=("peak",))
     user.environment.shape_class = shape
     waiting = gevent.spawn(user.wait_time)
-    gevent.sleep(1.2)  # a few polls of the phase
-    assert not waiting.ready()
+    wait_until(lambda: shape.polls >= 10, what="a few polls of the phase")
+    assert not waiting.ready() and not server.requests
     shape.phases = [
         {"name": "trough", "t0": 0.0, "t1": 1.0},
         {"name": "peak", "t0": 1.0, "t1": None},
@@ -197,19 +219,20 @@ def test_a_class_with_phases_starts_tasks_only_in_them(server: FakeServer) -> No
     assert len(records) == 1 and len(server.requests) == 1
 
 
+@pytest.mark.usefixtures("fast_phase_polls")
 def test_an_idle_phase_class_sends_nothing_after_the_shape_and_stops_when_asked(
     server: FakeServer,
 ) -> None:
     """A finished shape sends nothing more; the user leaves when Locust stops it, not by
     itself (a greenlet that ends itself while Locust stops users makes Locust log errors)."""
-    shape = SimpleNamespace(phases=[{"name": "peak", "t0": 0.0, "t1": 5.0}], finished=True)
+    shape = Shape(phases=[{"name": "peak", "t0": 0.0, "t1": 5.0}], finished=True)
     user, records = make_user("short_qa_critical", server.url, phases=("peak",))
     user.environment.shape_class = shape
     waiting = gevent.spawn(user.on_start)
-    gevent.sleep(1.2)  # a few polls of the phase
+    wait_until(lambda: shape.polls >= 10, what="a few polls of the phase")
     assert not waiting.ready()
     user._state = LOCUST_STATE_STOPPING
-    waiting.join(timeout=5)
+    waiting.join(timeout=10)
     assert isinstance(waiting.exception, StopUser)
     assert not records and not server.requests
 
@@ -235,8 +258,9 @@ def test_aligned_users_wait_for_the_next_tick(
     from workloads.users import traffic
 
     slept: list[float] = []
-    monkeypatch.setattr(traffic.time, "time", lambda: now)
-    monkeypatch.setattr(traffic.gevent, "sleep", slept.append)
+    # The module's clock and sleep only: every other greenlet keeps the real ones.
+    monkeypatch.setattr(traffic, "time", SimpleNamespace(time=lambda: now))
+    monkeypatch.setattr(traffic, "gevent", SimpleNamespace(sleep=slept.append))
     user, records = make_user(cls, server.url, **attributes)
     run_task(user)
     assert slept[0] == pytest.approx(sleep_s) and len(records) == sent
@@ -257,19 +281,22 @@ def test_an_aligned_burst_is_skipped_when_its_phase_ended_before_the_tick(
         shape.phases = [{"name": "trough", "t0": 0.0, "t1": 1.0}, {"name": "peak", "t0": 1.0}]
         shape.phases[-1]["t1"] = None
 
-    monkeypatch.setattr(traffic.gevent, "sleep", tick_arrives_in_a_peak)
+    monkeypatch.setattr(traffic, "gevent", SimpleNamespace(sleep=tick_arrives_in_a_peak))
     run_task(user)
     assert not records and not server.requests
 
 
-def test_batch_backs_off_as_retry_after_asks(server: FakeServer) -> None:
+def test_batch_backs_off_as_retry_after_asks(
+    server: FakeServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    slept: list[float] = []
+    monkeypatch.setattr(users_base, "gevent", SimpleNamespace(sleep=slept.append))
     user, records = make_user(
         "batch", server.url, extra_headers={"X-Fake": "reject"}, max_retry_sleep_s=0.2
     )
-    start = time.monotonic()
     run_task(user)
     assert records[-1].outcome == "rejected" and records[-1].retry_after_s == 3
-    assert 0.2 <= time.monotonic() - start < 1.0  # capped at max_retry_sleep_s
+    assert slept == [0.2]  # Retry-After: 3, capped at max_retry_sleep_s
 
 
 def test_missing_host_is_a_clear_error() -> None:

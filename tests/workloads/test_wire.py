@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from workloads.wire import (
@@ -42,6 +42,8 @@ def split(data: bytes, cuts: list[int]) -> list[bytes]:
     return pieces
 
 
+# No deadline or speed check: how long an example takes depends on the machine, not the parser.
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     sizes=st.lists(st.integers(1, 40), max_size=8),
     cuts=st.lists(st.integers(0, 10_000), max_size=12),

@@ -2,8 +2,9 @@
 
 A traffic class is a subclass whose class attributes say what it sends (tenant, key,
 priority, sizes, timing, cancellation); the harness overrides any of them for a plan with
-`type(name, (cls,), overrides)`. Requests go through the shared streaming client and leave
-as one record each through `environment.events.kvgate_record`.
+`type(name, (cls,), overrides)`, and sets `dialect`: how the target takes kvgate's request
+extensions. Requests go through the shared streaming client and leave as one record each
+through `environment.events.kvgate_record`.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from locust.exception import LocustError, StopUser
 from locust.user.users import LOCUST_STATE_STOPPING
 
 from workloads.client import StreamClient, StreamRequest, StreamResult
+from workloads.dialect import Dialect
 from workloads.prompts import DEFAULT_TOKENIZER_PATH, PromptGenerator, generator_for
 from workloads.records import RequestMeta, emit, install_record_hook
 
@@ -87,15 +89,20 @@ class KvgateUser(User):
     endpoint: ClassVar[str] = "/v1/chat/completions"
     prompt_tokens: ClassVar[int] = 64
     max_tokens: ClassVar[int | None] = 64
+    # Ask for this many output tokens at least, and to ignore EOS: each goes out only where
+    # the target's dialect takes it.
+    min_tokens: ClassVar[int | None] = None
     ignore_eos: ClassVar[bool] = False
     timeout_s: ClassVar[float] = 60.0
     connect_timeout_s: ClassVar[float] = 5.0
     head_timeout_s: ClassVar[float | None] = None  # see StreamRequest.head_timeout_s
+    first_token_timeout_s: ClassVar[float | None] = None  # see StreamRequest
     cancel_after_tokens: ClassVar[int | None] = None  # content chunks, see StreamRequest
     cancel_after_ms: ClassVar[float | None] = None
     honour_retry_after: ClassVar[bool] = False
     max_retry_sleep_s: ClassVar[float] = 5.0
-    send_priority_header: ClassVar[bool] = True
+    send_priority_header: ClassVar[bool] = True  # False: X-Priority only on escalation probes
+    dialect: ClassVar[Dialect] = Dialect()  # set by the harness from the plan's target
     debug_timing: ClassVar[bool] = False
     extra_headers: ClassVar[dict[str, str]] = {}
     seed: ClassVar[int] = 0
@@ -121,7 +128,7 @@ class KvgateUser(User):
             self.wait_time = self._phase_paced(self.wait_time)  # type: ignore[method-assign]
         if self.gc_tuning:
             tune_gc()
-        self.client = StreamClient(base_url)
+        self.client = StreamClient(base_url, continuous_usage=self.dialect.continuous_usage_stats)
         self.prompts: PromptGenerator = generator_for(self.tokenizer_path)
         self.index = next(_instances)
         # Workers of a distributed run count users from 0 each: their Locust index keeps
@@ -160,28 +167,97 @@ class KvgateUser(User):
         """This user's own identity: what `send` uses unless told otherwise."""
         return Caller(self.api_key, self.api_key_name, self.tenant, self.priority)
 
-    def headers(self, caller: Caller | None = None) -> dict[str, str]:
-        who = caller or self.caller()
+    def asks_priority(self, insist: bool = False) -> tuple[bool, bool]:
+        """(header, field): whether a request asks for its priority in X-Priority and in the
+        body's `priority`. `insist` asks on every channel the dialect has, even where the plan
+        turned priority headers off (an escalation probe)."""
+        dialect = self.dialect
+        header = dialect.priority_header and (insist or self.send_priority_header)
+        return header, dialect.priority_values is not None
+
+    def headers(self, who: Caller, priority_header: bool) -> dict[str, str]:
         headers = {"Authorization": f"Bearer {who.api_key}"}
-        if self.send_priority_header:
+        if priority_header:
             headers["X-Priority"] = who.priority
         if self.debug_timing:
             headers["X-Kvgate-Debug-Timing"] = "1"
         headers.update(self.extra_headers)
         return headers
 
-    def body(self, messages: list[dict[str, str]], max_tokens: int | None) -> bytes:
+    def body(
+        self,
+        messages: list[dict[str, str]],
+        who: Caller,
+        *,
+        priority_field: bool,
+        public_prefix: bool,
+        max_tokens: int | None = None,
+    ) -> bytes:
+        """The JSON body: the OpenAI request, plus the extensions the dialect takes;
+        `max_tokens` replaces the class's for this one request."""
+        dialect = self.dialect
+        stream_options: dict[str, bool] = {"include_usage": True}
+        if dialect.continuous_usage_stats:
+            stream_options["continuous_usage_stats"] = True
         payload: dict[str, Any] = {
             "model": self.model,
             "messages": messages,
             "stream": True,
-            "stream_options": {"include_usage": True},
+            "stream_options": stream_options,
         }
-        if max_tokens is not None:
-            payload["max_tokens"] = max_tokens
-        if self.ignore_eos:
+        limit = self.max_tokens if max_tokens is None else max_tokens
+        if limit is not None:
+            payload["max_tokens"] = limit
+        if self.min_tokens is not None and dialect.min_tokens:
+            payload["min_tokens"] = self.min_tokens
+        if self.ignore_eos and dialect.ignore_eos:
             payload["ignore_eos"] = True
+        if priority_field and dialect.priority_values is not None:
+            payload["priority"] = dialect.priority_values[who.priority]
+        # Private prompts are keyed by tenant; only explicitly public prefixes are shared.
+        if dialect.cache_salt and not public_prefix:
+            payload["cache_salt"] = dialect.salt(who.tenant)
         return json.dumps(payload).encode()
+
+    def build_request(
+        self,
+        messages: list[dict[str, str]],
+        request_id: str,
+        who: Caller,
+        *,
+        extra_headers: dict[str, str] | None = None,
+        keep_text: bool = False,
+        public_prefix: bool = False,
+        insist_priority: bool = False,
+        max_tokens: int | None = None,
+    ) -> StreamRequest:
+        """What `send` puts on the wire for these arguments (see there), without sending it."""
+        header, field = self.asks_priority(insist_priority)
+        headers = self.headers(who, header)
+        if extra_headers:
+            headers.update(extra_headers)
+        if public_prefix:
+            headers["X-Kvgate-Prefix-Public"] = "1"
+        headers["X-Request-Id"] = request_id
+        cancel_ms = self.cancel_after_ms
+        return StreamRequest(
+            path=self.endpoint,
+            body=self.body(
+                messages,
+                who,
+                priority_field=field,
+                public_prefix=public_prefix,
+                max_tokens=max_tokens,
+            ),
+            headers=headers,
+            timeout_s=self.timeout_s,
+            connect_timeout_s=self.connect_timeout_s,
+            head_timeout_s=self.head_timeout_s,
+            first_token_timeout_s=self.first_token_timeout_s,
+            cancel_after_chunks=self.cancel_after_tokens,
+            cancel_after_s=cancel_ms / 1000.0 if cancel_ms is not None else None,
+            keep_text=keep_text,
+        )
 
     def send(
         self,
@@ -191,38 +267,46 @@ class KvgateUser(User):
         extra_headers: dict[str, str] | None = None,
         keep_text: bool = False,
         caller: Caller | None = None,
+        public_prefix: bool = False,
+        insist_priority: bool = False,
         probe: str | None = None,
         probe_group: str | None = None,
+        max_tokens: int | None = None,
+        watch: Callable[[StreamResult], object] | None = None,
     ) -> StreamResult:
         """Sends one streaming chat request and emits its record; never raises for an ending.
 
-        `caller` sends it as another identity than the user's own; `probe` and `probe_group`
-        tag a security probe's record (contract.PROBE_ROLES)."""
+        `caller` sends it as another identity than the user's own. `public_prefix`: the
+        request starts with a prefix every tenant may share (sent unsalted, marked public);
+        any other request is private to its caller's tenant. `insist_priority` asks for the
+        caller's priority on every channel the target has (an escalation probe). `probe` and
+        `probe_group` tag a security probe's record (contract.PROBE_ROLES). `max_tokens`
+        replaces the class's for this request; `watch` is handed the result before the
+        request goes out, so another greenlet can follow it as it streams."""
         request_id = f"kvg-{uuid.uuid4().hex}"
         who = caller or self.caller()
-        headers = {**self.headers(who), **(extra_headers or {}), "X-Request-Id": request_id}
-        cancel_ms = self.cancel_after_ms
-        request = StreamRequest(
-            path=self.endpoint,
-            body=self.body(messages, self.max_tokens),
-            headers=headers,
-            timeout_s=self.timeout_s,
-            connect_timeout_s=self.connect_timeout_s,
-            head_timeout_s=self.head_timeout_s,
-            cancel_after_chunks=self.cancel_after_tokens,
-            cancel_after_s=cancel_ms / 1000.0 if cancel_ms is not None else None,
+        request = self.build_request(
+            messages,
+            request_id,
+            who,
+            extra_headers=extra_headers,
             keep_text=keep_text,
+            public_prefix=public_prefix,
+            insist_priority=insist_priority,
+            max_tokens=max_tokens,
         )
         result = StreamResult(request_id=request_id, t_send=0.0)
+        if watch is not None:
+            watch(result)
         meta = RequestMeta(
             traffic_class=self.traffic_class,
             tenant=who.tenant,
             priority=who.priority,
             api_key_name=who.api_key_name,
             target_prompt_tokens=target_prompt_tokens,
-            max_tokens=self.max_tokens,
+            max_tokens=self.max_tokens if max_tokens is None else max_tokens,
             label=self.label,
-            asked_priority=headers.get("X-Priority"),
+            asked_priority=who.priority if any(self.asks_priority(insist_priority)) else None,
             probe=probe,
             probe_group=probe_group,
         )

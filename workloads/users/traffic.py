@@ -9,13 +9,16 @@ from __future__ import annotations
 import time
 import uuid
 import zlib
-from typing import ClassVar
+from collections.abc import Callable
+from typing import Any, ClassVar
 
 import gevent
 from locust import between, constant, task
 
 from workloads.client import StreamResult
 from workloads.users.base import Caller, KvgateUser
+
+HOLD_POLL_S = 0.01  # how often a probe looks whether the warm request has begun streaming
 
 
 def wait_for_tick(user: KvgateUser, period_s: float, delay_s: float = 0.0) -> bool:
@@ -73,15 +76,23 @@ class LongContext(KvgateUser):
 
 
 class LongOutput(KvgateUser):
-    """Short inputs, thousands of output tokens (`ignore_eos` forces the full length)."""
+    """Short inputs, thousands of output tokens, all of them generated: `ignore_eos`, and
+    `min_tokens` at max_tokens for a server that takes min_tokens but not ignore_eos. A plan
+    that changes max_tokens moves min_tokens with it, unless it sets min_tokens as well."""
 
     traffic_class = "long_output"
     label = "long_output"
     api_key, api_key_name, tenant = "kvg-initech-key", "initech-demo", "initech"
     weight = 1
     prompt_tokens, max_tokens = 256, 4096
+    min_tokens = max_tokens
     ignore_eos = True
     timeout_s = 300.0
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "max_tokens" in vars(cls) and "min_tokens" not in vars(cls):
+            cls.min_tokens = cls.max_tokens
 
     @task
     def write_long(self) -> None:
@@ -89,9 +100,10 @@ class LongOutput(KvgateUser):
 
 
 class SharedPrefix(KvgateUser):
-    """Long system prompts shared across requests: public ones by every tenant, private ones
-    per tenant. Each user instance takes one tenant of `tenant_pool` (round robin), unless
-    the plan gives the class its own `api_key`: then every user is that tenant."""
+    """Long system prompts shared across requests: public ones by every tenant (sent as
+    public prefixes), private ones per tenant. Each user instance takes one tenant of
+    `tenant_pool` (round robin), unless the plan gives the class its own `api_key`: then
+    every user is that tenant."""
 
     traffic_class = "shared_prefix"
     label = "shared_prefix"
@@ -130,9 +142,12 @@ class SharedPrefix(KvgateUser):
         # The first `prefix_tokens` prompt tokens lie inside the system message for any
         # template that renders it first, so the header is right for other servers too.
         headers = {"X-Kvgate-Prefix-Tokens": str(self.prefix_tokens)}
-        if public:
-            headers["X-Kvgate-Prefix-Public"] = "1"
-        self.send(messages, self.prefix_tokens + self.prompt_tokens, extra_headers=headers)
+        self.send(
+            messages,
+            self.prefix_tokens + self.prompt_tokens,
+            extra_headers=headers,
+            public_prefix=public,
+        )
 
 
 class MultiTurn(KvgateUser):
@@ -232,16 +247,19 @@ class Batch(KvgateUser):
 class SecurityProbe(KvgateUser):
     """Probes two security rules under load, over the OpenAI wire format and usage alone.
 
-    Escalation: each entry of `escalations` (key, key name, tenant, priority) asks
-    X-Priority for a class its key does not allow; the server must refuse it (403) or serve
-    it at an allowed priority, never at the one asked. Its record carries the priority
-    asked, so no gate counts it as work of the class its key does allow.
+    Escalation: each entry of `escalations` (key, key name, tenant, priority) asks for a
+    class its key does not allow, on every channel the target takes (X-Priority, the body's
+    `priority`); the server must refuse it (403) or serve it at an allowed priority, never
+    at the one asked. Its record carries the priority asked, so no gate counts it as work of
+    the class its key does allow.
 
     Private prefix: `owner` sends a private system prompt that starts with a fresh nonce, so
     nothing else can share it, and warms the cache with it; then `prober`, another tenant,
     sends the identical prompt (the probe) and one of the same shape with another fresh
-    nonce (the cold control), in random order. The probe's cached_tokens above the control's
-    is a cross-tenant hit; its TTFT against the control's is the timing side channel.
+    nonce (the cold control), in random order. All three are private: each carries its own
+    tenant's cache salt where the target takes one. The probe's cached_tokens above the
+    control's is a cross-tenant hit; its TTFT against the control's is the timing side
+    channel.
     """
 
     traffic_class = "security_probe"
@@ -261,6 +279,12 @@ class SecurityProbe(KvgateUser):
     groups_at_once: ClassVar[int] = 1
     prompt_tokens, max_tokens = 32, 8
     wait_time = between(0.2, 0.6)
+    # With a number, the owner's warm request asks that many tokens, and the probe and its
+    # control go out together once it has streamed its first one, while it runs: its prefix is
+    # then held by a live request, so no eviction under load can hide a cross-tenant hit (a
+    # server's LRU may free the blocks the moment the warm request ends). None: the warm
+    # request finishes first.
+    hold_warm_tokens: ClassVar[int | None] = None
 
     @task
     def probe(self) -> None:
@@ -273,13 +297,12 @@ class SecurityProbe(KvgateUser):
 
     def ask_escalation(self, caller: Caller) -> None:
         content = self.user_prompt(self.prompt_tokens)
-        # The header goes out even where the plan turned priority headers off: it is the probe.
-        headers = {"X-Priority": caller.priority}
+        # Asked even where the plan turned priority headers off: it is the probe.
         self.send(
             [{"role": "user", "content": content}],
             self.prompt_tokens,
             caller=caller,
-            extra_headers=headers,
+            insist_priority=True,
             probe="escalation",
         )
 
@@ -288,21 +311,53 @@ class SecurityProbe(KvgateUser):
         prober = Caller(*self.prober, self.priority)
         group = f"pg-{uuid.uuid4().hex}"
         shared = self.user_prompt(self.prefix_tokens)
-        warm = self._send_prefixed(owner, shared, "prefix_warm", group)
-        if warm.outcome != "ok":
-            return  # nothing was cached for the probe to find: the group is incomplete
-        control = self.user_prompt(self.prefix_tokens)
-        pair = [(shared, "prefix_probe"), (control, "prefix_control")]
-        self.rng.shuffle(pair)  # neither goes first every time (connection reuse, load drift)
-        for system, role in pair:
-            self._send_prefixed(prober, system, role, group)
+        warming: gevent.Greenlet | None = None
+        if self.hold_warm_tokens is None:
+            warm = self._send_prefixed(owner, shared, "prefix_warm", group)
+        else:
+            held: list[StreamResult] = []
+            warming = gevent.spawn(
+                self._send_prefixed,
+                owner,
+                shared,
+                "prefix_warm",
+                group,
+                max_tokens=self.hold_warm_tokens,
+                watch=held.append,
+            )
+            while not warming.dead and not (held and held[0].chunks):
+                gevent.sleep(HOLD_POLL_S)
+            warm = held[0] if held and held[0].chunks else warming.get()
+        try:
+            if warm.outcome != "ok" and not warm.chunks:
+                return  # nothing was cached for the probe to find: the group is incomplete
+            control = self.user_prompt(self.prefix_tokens)
+            pair = [(shared, "prefix_probe"), (control, "prefix_control")]
+            self.rng.shuffle(pair)  # neither goes first every time (connection reuse, load drift)
+            if warming is not None:  # both while the warm request holds its prefix
+                self.burst(2, lambda: self._send_prefixed(prober, *pair.pop(), group))
+                return
+            for system, role in pair:
+                self._send_prefixed(prober, system, role, group)
+        finally:
+            if warming is not None:
+                warming.join()
 
-    def _send_prefixed(self, caller: Caller, system: str, role: str, group: str) -> StreamResult:
+    def _send_prefixed(
+        self,
+        caller: Caller,
+        system: str,
+        role: str,
+        group: str,
+        max_tokens: int | None = None,
+        watch: Callable[[StreamResult], object] | None = None,
+    ) -> StreamResult:
         messages = [
             {"role": "system", "content": system},
             {"role": "user", "content": self.user_prompt(self.prompt_tokens)},
         ]
-        # Private: no X-Kvgate-Prefix-Public. Servers without the header cache by content.
+        # Private: salted with the caller's tenant where the target takes a salt, and never
+        # marked public. A server with neither shares it by content.
         headers = {"X-Kvgate-Prefix-Tokens": str(self.prefix_tokens)}
         return self.send(
             messages,
@@ -311,4 +366,6 @@ class SecurityProbe(KvgateUser):
             caller=caller,
             probe=role,
             probe_group=group,
+            max_tokens=max_tokens,
+            watch=watch,
         )

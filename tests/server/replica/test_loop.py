@@ -9,11 +9,14 @@ from pathlib import Path
 
 import pytest
 
+from server.engine.sim import StepWork
 from server.replica.__main__ import parse_args
+from server.replica.loop import IDLE_WORK
 from server.replica.runtime import ReplicaRuntime
 from server.replica.streams import Stream, StreamSpec
 from server.scheduler import Outcome, Priority, SchedulerConfig, SeqRequest
 from tests.server.replica.test_streams import FakeTransport
+from tests.waiting import wait_until_async
 
 
 def _runtime(tmp_path: Path) -> ReplicaRuntime:
@@ -65,7 +68,7 @@ def test_cancel_releases_now_and_sweep_cuts_dropped(tmp_path: Path) -> None:
         rt.scheduler.cancel("keep")  # the scheduler lets go behind the loop's back
         rt.loop._sweep()
         assert kept.aborted and rt.loop.streams == {}
-        await asyncio.wait_for(kept.wait_done(), 1)  # its handler wakes and cuts the body
+        await asyncio.wait_for(kept.wait_done(), 10)  # its handler wakes and cuts the body
 
     asyncio.run(go())
 
@@ -99,11 +102,22 @@ def test_idle_gpu_holds_no_activations(tmp_path: Path) -> None:
     async def go() -> None:
         rt = _runtime(tmp_path)
         idle = rt.loop.gpu.used_bytes
+        steps: list[StepWork] = []
+        run_step = rt.loop.gpu.run_step
+
+        def recording_run_step(work: StepWork, kv_blocks: int, fragmentation: float) -> None:
+            steps.append(work)
+            run_step(work, kv_blocks, fragmentation)
+
+        rt.loop.gpu.run_step = recording_run_step  # type: ignore[method-assign]
         rt.loop.start()
         streams = [_submit(rt, f"m{i}", 8) for i in range(4)]
         await asyncio.wait_for(asyncio.gather(*(s.wait_done() for s, _ in streams)), 10)
         busy_peak_seen = rt.loop.gpu.by_category()
-        await asyncio.sleep(0.2)  # a few idle ticks
+        done_at = len(steps)
+        await wait_until_async(
+            lambda: IDLE_WORK in steps[done_at:], what="an idle tick after the last stream"
+        )
         after = rt.loop.gpu.by_category()
         await rt.loop.stop()
         assert busy_peak_seen["weights"] == after["weights"]

@@ -1,0 +1,1 @@
+"""Inference engines kvgate starts and stops itself as targets (vLLM)."""
