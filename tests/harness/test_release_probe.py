@@ -9,7 +9,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from harness.release_probe import PROBE_METRIC, UNRESOLVED_METRIC, ProbeSpec, run_probes
+from harness.release_probe import (
+    PROBE_METRIC,
+    UNRESOLVED_METRIC,
+    ProbeSpec,
+    prompt_tokens_for,
+    run_probes,
+)
 
 GAUGE = "vllm:kv_cache_usage_perc"
 
@@ -101,3 +107,18 @@ def test_a_server_without_the_gauge_is_unresolved(refused_url: str) -> None:
     assert row["metric"] == UNRESOLVED_METRIC and "no vllm:kv_cache_usage_perc" in str(
         row["labels"]
     )
+
+
+def test_the_probe_prompt_fits_the_servers_context() -> None:
+    """Sized in kvgate's tokens so that, in the server's (here 1.08 of them per kvgate
+    token, as a chat template adds), prompt plus output stay inside max_model_len with a
+    tenth to spare; a server that says no context length gets what the plan asks."""
+    tokens = prompt_tokens_for(4096, max_model_len=4096, max_tokens=256, server_per_kvgate=1.08)
+    assert tokens * 1.08 + 256 <= 0.9 * 4096 and tokens >= 0.9 * 4096 / 1.08 - 256 / 1.08 - 1
+    assert (
+        prompt_tokens_for(2048, max_model_len=None, max_tokens=256, server_per_kvgate=1.0) == 2048
+    )
+    assert (
+        prompt_tokens_for(2048, max_model_len=65536, max_tokens=256, server_per_kvgate=1.0) == 2048
+    )
+    assert prompt_tokens_for(2048, max_model_len=128, max_tokens=256, server_per_kvgate=1.0) == 16
