@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from enum import StrEnum
 from types import MappingProxyType
 from typing import Final
 
@@ -246,21 +247,28 @@ GOODPUT_TTFT_S: Final = MappingProxyType(
 GOODPUT_TPOT_S: Final = 0.1
 
 # -- faults ---------------------------------------------------------------------------------
-# A plan's `faults[].kind`, and the faults table's `kind`. The replica kinds act through the
-# reference gateway's admin API, so they need the reference deployment; the others act on
-# processes, commands or the network path, and work against any target.
-REPLICA_FAULT_KINDS: Final = ("kill", "pause", "kill_during_storm")
-FAULT_KINDS: Final = (*REPLICA_FAULT_KINDS, "signal", "command", "network")
-# Replica kinds that end the replica's process (its reservations die with it).
-KILL_FAULT_KINDS: Final = ("kill", "kill_during_storm")
-# Replica kinds that freeze the replica's process (SIGSTOP) until their rollback.
-PAUSE_FAULT_KINDS: Final = ("pause",)
-# The signals a `signal` fault may send (without the SIG prefix); after the fatal ones the
-# process is gone (the gates count a death of the fault's target), STOP freezes it.
-FAULT_SIGNALS: Final = ("KILL", "TERM", "STOP", "CONT", "INT", "HUP")
-FATAL_SIGNALS: Final = ("KILL", "TERM")
+# Fault kinds are not listed here: each is one module of harness/faults/kinds/ that registers
+# itself and declares its effect. What the gates need of a fault is that effect.
+
+
+class FaultEffect(StrEnum):
+    """What a fault did to what it targets, as its kind declares it: the faults table's
+    `effect`. The gates read this, never a kind's name, so a new kind needs no gate change."""
+
+    KILLS = "kills"  # the target's process is gone, and every reservation it held with it
+    PAUSES = "pauses"  # the target's process is frozen (SIGSTOP) until the rollback
+    BREAKS_CONNECTIONS = "breaks_connections"  # the traffic's path resets or stalls connections
+    DEGRADES_NETWORK = "degrades_network"  # the traffic's path is slowed; connections survive
+    NONE = "none"  # nothing the gates account for (a CONT, a HUP, a throttle command)
+
+    @property
+    def on_network(self) -> bool:
+        """It acts on the path between the load generator and the target, not in the target."""
+        return self in (FaultEffect.BREAKS_CONNECTIONS, FaultEffect.DEGRADES_NETWORK)
+
+
 # A `network` fault's toxics (harness/netproxy.py, toxiproxy's semantics) and the attributes
-# each takes; the breaking ones end or stall connections outright rather than slowing them.
+# each takes.
 TOXIC_ATTRIBUTES: Final = MappingProxyType(
     {
         "latency": ("latency", "jitter"),  # each chunk held latency +- jitter ms
@@ -271,4 +279,3 @@ TOXIC_ATTRIBUTES: Final = MappingProxyType(
     }
 )
 TOXIC_TYPES: Final = tuple(TOXIC_ATTRIBUTES)
-BREAKING_TOXICS: Final = ("reset_peer", "timeout")

@@ -247,8 +247,8 @@ def failover_integrity(run: RunData, flt: GateFilter, params: Mapping[str, Any])
     kills = replica_deaths(run.faults)
     if kills.empty:
         return Observations.none(
-            "no replica was killed in this run (faults table has no kill, fatal signal or "
-            "successful command)"
+            "no replica was killed in this run (no fault with effect `kills` took effect: a "
+            "kill, a signal KILL or TERM, or a command that declares `effect: kills`)"
         )
     intervals = resolve_window(run, flt.window)
     if isinstance(intervals, str):

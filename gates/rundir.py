@@ -24,7 +24,9 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from contract import FaultEffect
 from gates import schema
+from gates.legacy import fill_fault_effects
 from gates.meta import meta_problems
 
 COLUMNS = schema.TABLE_COLUMNS
@@ -132,10 +134,25 @@ def load_run(run_dir: Path | str) -> RunData:
         requests=tables[schema.REQUESTS].frame,
         server_events=tables[schema.SERVER_EVENTS].frame,
         samples=tables[schema.SAMPLES].frame,
-        faults=tables[schema.FAULTS].frame,
+        faults=_fault_effects(tables[schema.FAULTS].frame, path),
         sources={name: table.source for name, table in tables.items()},
         truncated_lines={name: t.dropped for name, t in tables.items() if t.dropped},
     )
+
+
+def _fault_effects(faults: pd.DataFrame, run_dir: Path) -> pd.DataFrame:
+    """The faults table with each row's `effect` (contract.FaultEffect), the one column the
+    gates read to know what a fault did; rows written before it existed get theirs from
+    gates/legacy.py."""
+    faults = fill_fault_effects(faults)
+    unknown = ~faults["effect"].isin([str(e) for e in FaultEffect])
+    if unknown.any():
+        i = int(np.argmax(unknown.to_numpy()))
+        raise RunDirError(
+            f"{run_dir}: table 'faults', row {i + 1}: effect {faults['effect'].iloc[i]!r} is "
+            f"not one of {', '.join(FaultEffect)}; {FIX}"
+        )
+    return faults
 
 
 def read_meta(run_dir: Path) -> dict[str, Any]:

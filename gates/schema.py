@@ -59,7 +59,12 @@ SAMPLE_COLUMNS = (
 
 FAULT_COLUMNS = (
     "fault_id",  # str
-    "kind",  # one of contract.FAULT_KINDS
+    "kind",  # the plan's fault kind (harness/faults/kinds/: one module each)
+    # What the fault did to its target, as its kind declares it: one of contract.FaultEffect
+    # (`none` when its action did not complete: a command that exited non-zero killed
+    # nothing). The gates read this, never `kind`. Runs written before the column existed
+    # have none; gates/legacy.py derives it for them from kind and params.
+    "effect",
     "target",  # replica id, or a signal/command fault's `target` (pid:N, ...), or "proxy"
     "pid",  # int | None
     "t_start",  # float epoch s

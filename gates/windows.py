@@ -6,22 +6,19 @@ did not record is reported as missing data, not widened to the whole run.
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable
-from typing import Any
-
 import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-import contract
+from contract import FaultEffect
 from gates.rundir import RunData
 from gates.spec import GateFilter
 
 Intervals = list[tuple[float, float]]
 # The client's view of a connection that broke or stalled (no server's answer in it).
 BROKEN_OUTCOMES = ("disconnected", "timeout", "protocol_error")
+NETWORK_EFFECTS = tuple(str(effect) for effect in FaultEffect if effect.on_network)
 
 
 def resolve_window(run: RunData, window: str) -> Intervals | str:
@@ -50,35 +47,26 @@ def resolve_window(run: RunData, window: str) -> Intervals | str:
 
 
 def process_faults(faults: pd.DataFrame) -> pd.DataFrame:
-    """Fault rows that acted on a server process and took effect (t_start set): every kind
-    but `network`, whose proxy sits in front of the target, not in it."""
-    return faults[faults["t_start"].notna() & faults["kind"].ne("network")]
+    """Fault rows that took effect (t_start set) in or on a server's process: every effect
+    but the network's (kvgate's proxy sits in front of the target, not in it). A fault whose
+    effect is `none` is one too: a CONT, a HUP or a command may still upset the process."""
+    network = faults["effect"].isin(NETWORK_EFFECTS)
+    return faults[faults["t_start"].notna() & ~network]
 
 
 def replica_deaths(faults: pd.DataFrame) -> pd.DataFrame:
     """Fault rows after which their target's process is gone (its reservations die with it):
-    kill and kill_during_storm, a signal KILL or TERM, and a command fault whose command
-    exited 0 (docker kill, kubectl delete pod, systemctl restart). `target` names the dead
-    replica as the plan named it."""
-    acted = process_faults(faults)
-    kinds = acted["kind"].astype(str).to_numpy()
-    params = [_params(p) for p in acted["params"]]
-    fatal = np.isin(kinds, contract.KILL_FAULT_KINDS)
-    fatal |= (kinds == "signal") & _each(
-        params, lambda p: p.get("signal") in contract.FATAL_SIGNALS
-    )
-    fatal |= (kinds == "command") & _each(params, lambda p: p.get("exit_code") == 0)
-    return acted[fatal]
+    effect `kills` (a kill, a signal KILL or TERM, a command that declares it kills and exited
+    0). `target` names the dead replica as the plan named it."""
+    return faults[faults["t_start"].notna() & faults["effect"].eq(FaultEffect.KILLS)]
 
 
 def connection_breaks(faults: pd.DataFrame, t_end: float) -> Intervals:
-    """When kvgate's proxy was resetting or stalling connections: the span of each network
-    fault with a breaking toxic (reset_peer, timeout), open ones until `t_end`."""
-    network = faults[faults["kind"].eq("network") & faults["t_start"].notna()]
-    params = [_params(p) for p in network["params"]]
-    breaking = network[
-        _each(params, lambda p: (p.get("toxic") or {}).get("type") in contract.BREAKING_TOXICS)
-    ]
+    """When connections were being reset or stalled in the traffic's path (effect
+    `breaks_connections`: a reset_peer or timeout toxic on kvgate's proxy): the span of each
+    such fault, open ones until `t_end`."""
+    breaks = faults["effect"].eq(FaultEffect.BREAKS_CONNECTIONS)
+    breaking = faults[faults["t_start"].notna() & breaks]
     ends = breaking["t_end"].fillna(t_end)
     return [(float(a), float(b)) for a, b in zip(breaking["t_start"], ends, strict=True)]
 
@@ -98,19 +86,6 @@ def broken_by_network(run: RunData, rows: pd.DataFrame, slack_s: float) -> pd.Se
     for lo, hi in spans:
         during |= (t0 <= hi) & (t1 >= lo)
     return broken & pd.Series(during, index=rows.index)
-
-
-def _each(params: list[dict[str, Any]], test: Callable[[dict[str, Any]], bool]) -> np.ndarray:
-    return np.array([bool(test(p)) for p in params], dtype=bool)
-
-
-def _params(text: Any) -> dict[str, Any]:
-    """A faults row's `params` JSON ({} when absent or unreadable)."""
-    try:
-        value = json.loads(text) if isinstance(text, str) else {}
-    except ValueError:
-        return {}
-    return value if isinstance(value, dict) else {}
 
 
 def phases(run: RunData) -> list[dict[str, float | str]]:

@@ -28,8 +28,10 @@ from rich.console import Console
 from gates import schema
 from gates.rundir import read_table
 from harness import rundir, summary
-from harness.faults import FaultScheduler, ProxyInPath, ReplicaAdmin, start_proxy_in_path
+from harness.faults.admin import ReplicaAdmin
 from harness.faults.base import ReplicaAdminAPI
+from harness.faults.proxy import ProxyInPath, start_proxy_in_path
+from harness.faults.scheduler import FaultScheduler
 from harness.loadgen import Distribution, LoadGenerator
 from harness.plan import ExternalTarget, Plan, VllmTarget
 from harness.progress import Progress

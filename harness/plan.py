@@ -23,14 +23,8 @@ from pydantic import (
 
 import contract
 from contract import servers
-from harness.plan_faults import (
-    FAULT_MODELS,
-    Fault,
-    KillDuringStormFault,
-    KillFault,
-    NetworkFault,
-    PauseFault,
-)
+from harness.faults.base import FaultSpec
+from harness.faults.registry import FAULT_MODELS, Fault
 
 SHAPES = ("constant", "step_ramp", "soak", "peak_trough")
 
@@ -318,12 +312,13 @@ class Plan(_Strict):
                 raise ValueError(
                     f"{where} is not before the end of the load ({self.load.duration_s}s)"
                 )
-            if isinstance(fault, NetworkFault) and not plain_http:
+            if fault.uses_proxy and not plain_http:
                 raise ValueError(
-                    f"{where}: network faults need an http:// target (kvgate's proxy forwards "
-                    "plain TCP, and TLS to it would name the wrong host)"
+                    f"{where}: {fault.kind} faults need an http:// target (kvgate's proxy "
+                    "forwards plain TCP, and TLS to it would name the wrong host)"
                 )
-            if not isinstance(fault, KillFault | PauseFault | KillDuringStormFault):
+            replica = fault.admin_replica()
+            if replica is None:
                 continue
             if isinstance(target, VllmTarget):
                 ids = {"vllm"}
@@ -331,14 +326,13 @@ class Plan(_Strict):
                 ids = {f"r{n}" for n in range(target.replicas)}
             else:
                 raise ValueError(
-                    f"{where}: kill, pause and kill_during_storm faults need a target kvgate "
-                    "runs (reference or vllm: it kills and restarts their processes itself); "
-                    "against an external target use a signal, command or network fault, or "
-                    "remove it with --set faults=[]"
+                    f"{where}: {fault.kind} faults need a target kvgate runs (reference or "
+                    "vllm: it acts on their processes itself); against an external target "
+                    f"use a {_any_target_kinds()} fault, or remove it with --set faults=[]"
                 )
-            if fault.replica not in ids:
+            if replica not in ids:
                 raise ValueError(
-                    f"fault at {fault.at_s}s names replica {fault.replica!r}; "
+                    f"fault at {fault.at_s}s names replica {replica!r}; "
                     f"this target has {sorted(ids)}"
                 )
         return self
@@ -368,6 +362,17 @@ class Plan(_Strict):
                 raise PlanError(f"{key}: {path} is not a file (paths are relative to the plan)")
 
 
+def _any_target_kinds() -> str:
+    """The fault kinds that work on any target (no admin API of a deployment kvgate runs),
+    as "a, b or c"; a kind says so by leaving `admin_replica` alone."""
+    names = sorted(
+        name
+        for name, model in FAULT_MODELS.items()
+        if model.admin_replica is FaultSpec.admin_replica
+    )
+    return ", ".join(names[:-1]) + f" or {names[-1]}" if len(names) > 1 else "".join(names)
+
+
 def _format_errors(source: str, exc: ValidationError) -> str:
     lines = [f"{source}: {exc.error_count()} problem(s) in the plan:"]
     for err in exc.errors():
@@ -382,7 +387,7 @@ def _format_errors(source: str, exc: ValidationError) -> str:
             allowed = _allowed_keys(err["loc"][:-1])
             msg = f"unknown key; allowed keys: {', '.join(allowed)}" if allowed else msg
         elif err["type"].startswith("union_tag_") and err["loc"][:1] == ("faults",):
-            msg = f"a fault's kind is one of {', '.join(FAULT_MODELS)}"
+            msg = f"a fault's kind is one of {', '.join(sorted(FAULT_MODELS))}"
             value = value.get("kind") if isinstance(value, dict) else value
             shown = repr(value)
         lines.append(f"  {where or '(top level)'}: {msg} (got {shown})")

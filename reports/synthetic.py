@@ -460,6 +460,7 @@ def _faults(line: Timeline) -> pd.DataFrame:
         {
             "fault_id": ["f1", "f2"],
             "kind": ["kill", "kill"],
+            "effect": ["kills", "kills"],
             "target": ["r1", "r0"],
             "pid": [4242, 4243],
             "t_start": starts,

@@ -1,18 +1,28 @@
-"""What every fault kind shares: the action protocol, its context, and its journal row.
+"""What every fault kind shares: its plan entry's base model, the action protocol, its
+context, its journal row, and `fault_kind`, the decorator by which a kind registers itself.
 
-A kind is an action class built from its plan entry and the run's `FaultContext`;
-`apply()` injects the fault and calls `record.begin()` at the moment it takes effect, and
-`rollback()` undoes it. The scheduler runs the rollback in `finally` for every fault that
-began, and writes the `FaultRecord` as one row of the faults table after it.
+A kind is one module of harness/faults/kinds/ (harness.faults.registry finds them all). It
+defines the model of its plan entry (a `FaultSpec` with `kind: Literal[...]`, which declares
+the fault's effect) and an action class built from that entry and the run's `FaultContext`,
+registered with `@fault_kind(Model)`. `apply()` injects the fault and calls `record.begin()`
+at the moment it takes effect, and `rollback()` undoes it. The scheduler runs the rollback
+in `finally` for every fault that began, and writes the `FaultRecord` as one row of the
+faults table after it.
 """
 
 from __future__ import annotations
 
+import inspect
 import json
 import time
+from abc import abstractmethod
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from contract import FaultEffect
 
 
 class FaultError(RuntimeError):
@@ -28,6 +38,9 @@ class FaultRecord:
     target: str
     params: dict[str, Any]  # the plan entry, plus what the fault learned (exit codes, ...)
     pid: int | None = None
+    # what it did to its target: its entry's declared effect once apply() completed (NONE
+    # until then, and for good when it did not: a command that failed killed nothing)
+    effect: FaultEffect = FaultEffect.NONE
     t_start: float | None = None  # set by begin(): None means nothing was injected
     t_end: float | None = None
     problems: list[str] = field(default_factory=list)
@@ -47,6 +60,7 @@ class FaultRecord:
         return {
             "fault_id": self.fault_id,
             "kind": self.kind,
+            "effect": str(self.effect),
             "target": self.target,
             "pid": self.pid,
             "t_start": self.t_start,
@@ -123,3 +137,74 @@ class FaultAction(Protocol):
 
 # A kind's implementation: built from its plan entry (the kind's model) and the context.
 ActionFactory = Callable[[Any, FaultContext], FaultAction]
+
+
+class FaultSpec(BaseModel):
+    """A plan's fault entry: when it fires, in seconds after the load starts, and what each
+    kind declares about itself. A kind's model adds `kind: Literal["name"] = "name"` and its
+    own keys (any other key is refused), and says what the fault does to its target."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # Set by the models whose faults act on kvgate's proxy in the traffic's path: a plan with
+    # one gets the proxy, and its target must be plain http:// (the proxy forwards TCP).
+    uses_proxy: ClassVar[bool] = False
+
+    at_s: float = Field(ge=0)
+    kind: str  # each kind's model narrows it: kind: Literal["name"] = "name"
+
+    @abstractmethod
+    def declared_effect(self) -> FaultEffect:
+        """What this fault does to its target once applied (the faults row's `effect`)."""
+
+    def admin_replica(self) -> str | None:
+        """The replica this fault acts on through the admin API of a deployment kvgate runs
+        (reference or vllm), checked against the plan's target; None for a kind that works
+        on any target."""
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class FaultKind:
+    """One registered kind: its name, its plan entry's model and its action."""
+
+    name: str
+    spec: type[FaultSpec]
+    action: ActionFactory
+
+
+# Every kind registered so far, in registration order; harness.faults.registry exposes it.
+KINDS: dict[str, FaultKind] = {}
+
+ActionClass = TypeVar("ActionClass", bound=Callable[..., Any])
+
+
+def fault_kind(*specs: type[FaultSpec]) -> Callable[[ActionClass], ActionClass]:
+    """Register the decorated action class as the implementation of each kind whose plan
+    model is in `specs` (one action may serve several kinds, as kill and kill_during_storm)."""
+    for spec in specs:
+        _check_spec(spec)
+
+    def register(action: ActionClass) -> ActionClass:
+        for spec in specs:
+            name = spec.model_fields["kind"].default
+            if name in KINDS:
+                raise TypeError(
+                    f"fault kind {name!r} is registered twice: by {KINDS[name].spec.__module__} "
+                    f"and by {spec.__module__}; rename one of them"
+                )
+            KINDS[name] = FaultKind(name, spec, action)
+        return action
+
+    return register
+
+
+def _check_spec(spec: type[FaultSpec]) -> None:
+    if not (isinstance(spec, type) and issubclass(spec, FaultSpec)):
+        raise TypeError(f"fault_kind takes the kinds' models, FaultSpec subclasses; got {spec!r}")
+    where = f"{spec.__module__}.{spec.__qualname__}"
+    kind = spec.model_fields.get("kind")
+    if kind is None or not isinstance(kind.default, str):
+        raise TypeError(f'{where}: give the model `kind: Literal["name"] = "name"`')
+    if inspect.isabstract(spec):
+        raise TypeError(f"{where}: say what the fault does: define declared_effect()")

@@ -16,11 +16,11 @@ from harness.faults.base import (
     FaultContext,
     FaultError,
     FaultRecord,
+    FaultSpec,
     ReplicaAdminAPI,
     ToxicClient,
 )
-from harness.faults.registry import REGISTRY
-from harness.plan_faults import FaultSpec
+from harness.faults.registry import ACTIONS
 from harness.rundir import TableWriter
 
 log = logging.getLogger(__name__)
@@ -32,7 +32,8 @@ class FaultScheduler:
 
     Every action is built here, so a fault whose kind cannot act on this run (a replica
     kind without the gateway, a network fault without the proxy) stops the run before its
-    load starts. Invariant: every fault that fired writes exactly one row, after its rollback.
+    load starts. Invariant: every fault that fired writes exactly one row, after its rollback;
+    its `effect` is the one its plan entry declares if its apply() completed, else `none`.
     """
 
     def __init__(
@@ -44,7 +45,7 @@ class FaultScheduler:
         *,
         proxy: ToxicClient | None = None,
         own_pids: Callable[[], Collection[int]] | None = None,
-        registry: Mapping[str, ActionFactory] = REGISTRY,
+        registry: Mapping[str, ActionFactory] = ACTIONS,
     ) -> None:
         context = FaultContext(recent_cancels, admin, proxy, own_pids or (lambda: ()))
         self.faults = sorted(faults, key=lambda f: f.at_s)
@@ -111,6 +112,7 @@ class FaultScheduler:
                 record.fail("interrupted (the run ended) before it was applied in full")
                 raise
             else:
+                record.effect = fault.declared_effect()
                 self._phase[me] = "hold"
                 self._ending.wait(timeout=action.hold_s)  # the end of the load cuts it short
         finally:

@@ -106,20 +106,21 @@ class RunBuilder:
         kind: str = "kill",
         t_end: float | None = None,
         params: dict[str, Any] | None = None,
+        effect: str | None = None,
     ) -> RunBuilder:
-        self.rows[schema.FAULTS].append(
-            {
-                "fault_id": f"f{len(self.rows[schema.FAULTS])}",
-                "kind": kind,
-                "target": target,
-                "pid": 1,
-                "t_start": T0 + t_start,
-                "t_end": None if t_end is None else T0 + t_end,
-                "params": json.dumps(params or {}),
-                "outcome": "ok",
-                "rollback": "restarted",
-            }
-        )
+        """A faults row; without `effect`, a row as kvgate wrote it before that column."""
+        row = {
+            "fault_id": f"f{len(self.rows[schema.FAULTS])}",
+            "kind": kind,
+            "target": target,
+            "pid": 1,
+            "t_start": T0 + t_start,
+            "t_end": None if t_end is None else T0 + t_end,
+            "params": json.dumps(params or {}),
+            "outcome": "ok",
+            "rollback": "restarted",
+        }
+        self.rows[schema.FAULTS].append(row if effect is None else row | {"effect": effect})
         return self
 
     def write(self, path: Path, fmt: str = "jsonl") -> Path:

@@ -11,8 +11,9 @@ from pydantic import TypeAdapter
 
 from gates import schema
 from gates.rundir import read_jsonl
-from harness.faults import FaultScheduler
-from harness.plan_faults import Fault, FaultSpec
+from harness.faults.base import FaultSpec
+from harness.faults.registry import Fault
+from harness.faults.scheduler import FaultScheduler
 from harness.rundir import TableWriter
 from tests.waiting import wait_until
 

@@ -14,8 +14,9 @@ import pytest
 
 from gates import schema
 from gates.rundir import read_jsonl
-from harness.faults import FaultError, FaultScheduler
-from harness.plan_faults import KillDuringStormFault, KillFault, PauseFault
+from harness.faults.base import FaultError
+from harness.faults.kinds.replica import KillDuringStormFault, KillFault, PauseFault
+from harness.faults.scheduler import FaultScheduler
 from harness.rundir import TableWriter
 from tests.waiting import wait_until
 

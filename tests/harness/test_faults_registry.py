@@ -16,7 +16,7 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import gevent
 import psutil
@@ -25,18 +25,17 @@ from pydantic import TypeAdapter
 
 import contract
 import harness.netproxy_client
+from contract import FaultEffect
 from gates import schema
 from gates.rundir import load_run, read_jsonl
-from harness.faults import REGISTRY, FaultError, FaultScheduler, start_proxy_in_path
+from harness.faults.base import KINDS, FaultError, FaultSpec, fault_kind
+from harness.faults.kinds.command import CommandFault
+from harness.faults.kinds.network import NetworkFault
+from harness.faults.kinds.signal import SignalFault
+from harness.faults.proxy import start_proxy_in_path
+from harness.faults.registry import ACTIONS, FAULT_MODELS, REGISTRY, Fault
+from harness.faults.scheduler import FaultScheduler
 from harness.plan import PlanError, load_plan, plan_from_dict
-from harness.plan_faults import (
-    FAULT_MODELS,
-    CommandFault,
-    Fault,
-    FaultSpec,
-    NetworkFault,
-    SignalFault,
-)
 from harness.rundir import TableWriter
 from tests.waiting import wait_until
 
@@ -70,9 +69,72 @@ def problems(tmp_path: Path, faults: str, overrides: list[str] | None = None) ->
 # -- the registry and the plan -------------------------------------------------------------
 
 
-def test_every_kind_has_a_model_and_an_implementation() -> None:
-    assert tuple(FAULT_MODELS) == contract.FAULT_KINDS
-    assert set(REGISTRY) == set(contract.FAULT_KINDS)
+SHIPPED_KINDS = {"kill", "pause", "kill_during_storm", "signal", "command", "network"}
+
+
+def test_every_shipped_kind_registered_itself_with_a_model_and_an_action() -> None:
+    assert set(REGISTRY) == set(FAULT_MODELS) == set(ACTIONS) == SHIPPED_KINDS
+    for name, kind in REGISTRY.items():
+        assert kind.name == name == kind.spec.model_fields["kind"].default
+        assert kind.spec.__module__.startswith("harness.faults.kinds.")
+
+
+def test_a_kind_must_say_what_it_does_and_take_a_name_of_its_own() -> None:
+    class Silent(FaultSpec):
+        kind: Literal["silent"] = "silent"
+
+    with pytest.raises(TypeError, match=r"Silent: say what the fault does: define declared_"):
+        fault_kind(Silent)
+
+    class Nameless(FaultSpec):
+        def declared_effect(self) -> FaultEffect:
+            return FaultEffect.NONE
+
+    with pytest.raises(TypeError, match=r"Nameless: give the model `kind: Literal"):
+        fault_kind(Nameless)
+
+    class Twin(FaultSpec):
+        kind: Literal["kill"] = "kill"
+
+        def declared_effect(self) -> FaultEffect:
+            return FaultEffect.NONE
+
+    with pytest.raises(TypeError, match=r"fault kind 'kill' is registered twice: by harness"):
+        fault_kind(Twin)(object)
+    assert REGISTRY["kill"].spec.__module__ == "harness.faults.kinds.replica"
+    assert set(KINDS) == SHIPPED_KINDS
+
+
+@pytest.mark.parametrize(
+    ("entry", "effect"),
+    [
+        ({"kind": "kill"}, FaultEffect.KILLS),
+        ({"kind": "kill_during_storm"}, FaultEffect.KILLS),
+        ({"kind": "pause"}, FaultEffect.PAUSES),
+        ({"kind": "signal", "signal": "KILL", "pid": 42}, FaultEffect.KILLS),
+        ({"kind": "signal", "signal": "SIGTERM", "pid": 42}, FaultEffect.KILLS),
+        ({"kind": "signal", "signal": "STOP", "pid": 42}, FaultEffect.PAUSES),
+        ({"kind": "signal", "signal": "CONT", "pid": 42}, FaultEffect.NONE),
+        ({"kind": "signal", "signal": "INT", "pid": 42}, FaultEffect.NONE),
+        ({"kind": "signal", "signal": "HUP", "pid": 42}, FaultEffect.NONE),
+        ({"kind": "command", "command": "fallocate -l 50G /data/fill"}, FaultEffect.NONE),
+        ({"kind": "command", "command": "docker kill v", "effect": "kills"}, FaultEffect.KILLS),
+        (
+            {"kind": "network", "duration_s": 1, "toxic": {"type": "reset_peer"}},
+            FaultEffect.BREAKS_CONNECTIONS,
+        ),
+        (
+            {"kind": "network", "duration_s": 1, "toxic": {"type": "timeout"}},
+            FaultEffect.BREAKS_CONNECTIONS,
+        ),
+        (
+            {"kind": "network", "duration_s": 1, "toxic": {"type": "slow_close"}},
+            FaultEffect.DEGRADES_NETWORK,
+        ),
+    ],
+)
+def test_each_kind_declares_what_it_does(entry: dict[str, Any], effect: FaultEffect) -> None:
+    assert spec(at_s=0, **entry).declared_effect() == effect
 
 
 def test_the_toxics_the_plan_accepts_are_the_proxys() -> None:
@@ -85,7 +147,7 @@ def test_the_toxics_the_plan_accepts_are_the_proxys() -> None:
 @pytest.mark.parametrize("name", ["smoke", "ci", "soak", "qualify-quick"])
 def test_shipped_plans_keep_their_replica_faults(name: str) -> None:
     plan = load_plan(PLANS / f"{name}.yaml")
-    assert plan.faults and {f.kind for f in plan.faults} <= set(contract.REPLICA_FAULT_KINDS)
+    assert plan.faults and all(f.admin_replica() is not None for f in plan.faults)
     # a dumped plan (plan.json, which local workers read) validates to the same plan
     again = plan_from_dict({**json.loads(plan.model_dump_json()), "base_dir": plan.base_dir})
     assert again.faults == plan.faults
@@ -113,12 +175,12 @@ def test_each_kind_has_only_its_own_fields(tmp_path: Path) -> None:
     text = problems(tmp_path, "  - {kind: command, at_s: 5, command: 'true', signal: KILL}\n")
     assert (
         "faults.0.signal: unknown key; allowed keys: at_s, kind, command, rollback, "
-        "rollback_after_s, timeout_s, target (got 'KILL')" in text
+        "rollback_after_s, timeout_s, target, effect (got 'KILL')" in text
     )
 
 
 def test_unknown_or_missing_kind_lists_the_kinds(tmp_path: Path) -> None:
-    kinds = ", ".join(contract.FAULT_KINDS)
+    kinds = "command, kill, kill_during_storm, network, pause, signal"
     text = problems(tmp_path, "  - {kind: explode, at_s: 5}\n")
     assert f"faults.0: a fault's kind is one of {kinds} (got 'explode')" in text
     text = problems(tmp_path, "  - {at_s: 5}\n")
@@ -177,6 +239,25 @@ def test_command_faults_validate(tmp_path: Path) -> None:
     )
 
 
+def test_a_command_says_what_it_does_and_does_nothing_by_default(tmp_path: Path) -> None:
+    plan = plan_with(
+        tmp_path,
+        "  - {kind: command, at_s: 5, command: 'fallocate -l 50G /data/fill', target: r0}\n"
+        "  - {kind: command, at_s: 6, command: 'docker kill vllm-0', effect: kills}\n",
+        [EXTERNAL],
+    )
+    fill, kill = plan.faults
+    assert isinstance(fill, CommandFault) and fill.effect == FaultEffect.NONE
+    assert isinstance(kill, CommandFault) and kill.effect == FaultEffect.KILLS
+    again = plan_from_dict({**json.loads(plan.model_dump_json()), "base_dir": plan.base_dir})
+    assert again.faults == plan.faults
+    text = problems(tmp_path, "  - {kind: command, at_s: 5, command: x, effect: kill}\n")
+    assert (
+        "faults.0.effect: Input should be 'kills', 'pauses', 'breaks_connections', "
+        "'degrades_network' or 'none' (got 'kill')" in text
+    )
+
+
 def test_network_faults_validate(tmp_path: Path) -> None:
     plan = plan_with(
         tmp_path,
@@ -223,11 +304,8 @@ def test_replica_kinds_are_refused_on_an_external_target_naming_the_others(
     tmp_path: Path,
 ) -> None:
     text = problems(tmp_path, "  - {kind: pause, at_s: 5}\n", [EXTERNAL])
-    assert (
-        "faults.0 (pause at 5.0s): kill, pause and kill_during_storm faults need a target "
-        "kvgate runs" in (text)
-    )
-    assert "use a signal, command or network fault" in text
+    assert "faults.0 (pause at 5.0s): pause faults need a target kvgate runs" in text
+    assert "use a command, network or signal fault" in text
 
 
 def test_network_faults_need_plain_http(tmp_path: Path) -> None:
@@ -471,6 +549,22 @@ def test_command_and_its_rollback_are_recorded(tmp_path: Path) -> None:
     params = json.loads(row["params"])
     assert (params["exit_code"], params["output"]) == (0, "stopped vllm\n")
     assert (params["rollback_exit_code"], params["rollback_output"]) == (0, "started vllm\n")
+
+
+def test_each_row_says_what_its_fault_did(tmp_path: Path) -> None:
+    """The declared effect once the fault applied in full; `none` when it did not."""
+    faults: list[FaultSpec] = [
+        spec(kind="command", at_s=0, command="true", effect="kills", target="r0"),
+        spec(kind="command", at_s=0, command="exit 1", effect="kills", target="r1"),
+        spec(kind="command", at_s=0, command="true", target="r2"),
+        network_fault(0.01, type="reset_peer", attributes={}),
+    ]
+    sched = scheduler(tmp_path, faults, proxy=FakeProxy())
+    by_target = {r["target"]: r for r in run_to_end(sched, 4, tmp_path)}
+    assert by_target["r0"]["effect"] == "kills"
+    assert by_target["r1"]["effect"] == "none"  # it exited 1: it killed nothing
+    assert by_target["r2"]["effect"] == "none"  # a command that declares nothing
+    assert by_target["proxy"]["effect"] == "breaks_connections"
 
 
 def test_a_failing_command_still_runs_its_rollback(tmp_path: Path) -> None:

@@ -15,9 +15,8 @@ from harness.engines import vllm_deployment
 from harness.engines.vllm import VllmLaunch
 from harness.engines.vllm_deployment import VllmDeployment
 from harness.faults.base import FaultContext, FaultRecord
-from harness.faults.replica import KillAction, PauseAction
+from harness.faults.kinds.replica import KillAction, KillFault, PauseAction, PauseFault
 from harness.plan import VllmTarget
-from harness.plan_faults import KillFault, PauseFault
 from tests.waiting import wait_until
 
 FAKE = Path(__file__).with_name("data") / "fake_engine.py"

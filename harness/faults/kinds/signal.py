@@ -1,7 +1,8 @@
 """The `signal` fault: a signal to one process of any deployment (and, unless `tree: false`,
 to all its descendants), found by pid, pidfile or command line when the fault fires; the
 rollback is CONT after a STOP, the user's restart command (and a health poll) after any
-other signal."""
+other signal. After KILL or TERM the process is gone (the gates count a death of the
+fault's target); STOP freezes it; CONT, INT and HUP do neither, as far as the gates go."""
 
 from __future__ import annotations
 
@@ -10,22 +11,106 @@ import os
 import signal
 import time
 from pathlib import Path
+from typing import Any, Literal
 
 import gevent
 import psutil
+from pydantic import Field, field_validator, model_validator
 
-import contract
-from harness.faults.base import FaultContext, FaultError, FaultRecord
-from harness.faults.command import REAP_S, run_shell
-from harness.plan_faults import SignalFault
+from contract import FaultEffect
+from harness.faults.base import FaultContext, FaultError, FaultRecord, FaultSpec, fault_kind
+from harness.faults.shell import REAP_S, run_shell
 from harness.proctree import process_tree
 from harness.samplers.http import request
 
-SIGNALS = {name: signal.Signals[f"SIG{name}"] for name in contract.FAULT_SIGNALS}
+# The signals a `signal` fault may send (without the SIG prefix), and what each does.
+FAULT_SIGNALS = ("KILL", "TERM", "STOP", "CONT", "INT", "HUP")
+SIGNAL_EFFECTS = {"KILL": FaultEffect.KILLS, "TERM": FaultEffect.KILLS, "STOP": FaultEffect.PAUSES}
+SIGNALS = {name: signal.Signals[f"SIG{name}"] for name in FAULT_SIGNALS}
 HEALTH_POLL_S = 0.5
 EXIT_WAIT_S = 10.0  # how long a restart waits for the signalled process to be gone
 
 
+# A signal fault's restart fields: none of them means anything without a restart_command.
+# They default to None and are filled in by the validator, so a dumped plan validates again.
+_RESTART_KEYS = (
+    "restart_command",
+    "restart_after_s",
+    "timeout_s",
+    "wait_healthy_url",
+    "healthy_timeout_s",
+)
+
+
+class SignalFault(FaultSpec):
+    """Send a signal to one process of any deployment: by pid, pidfile or command line.
+
+    The rollback of STOP is CONT after `duration_s`; of any other signal, the user's
+    `restart_command` after `restart_after_s` (none given: no rollback)."""
+
+    kind: Literal["signal"] = "signal"
+    signal: Literal[FAULT_SIGNALS]
+    pid: int | None = Field(None, gt=1)
+    pidfile: str | None = Field(None, min_length=1)  # read when the fault fires
+    match: str | None = Field(None, min_length=1)  # a substring of exactly one command line
+    target: str | None = None  # the row's target, e.g. r0; default pid:N, pidfile:P, match:M
+    # The signal goes to the process and all its descendants (snapshotted first): a server
+    # is often several processes, and a KILL of the parent alone leaves the others running.
+    tree: bool = True
+    duration_s: float | None = Field(None, gt=0, le=3600)  # STOP only; default 2
+    restart_command: str | None = Field(None, min_length=1)  # a shell command
+    restart_after_s: float | None = Field(None, ge=0, le=3600)  # default 5
+    timeout_s: float | None = Field(None, gt=0, le=3600)  # restart_command's; default 60
+    wait_healthy_url: str | None = None  # after the restart, poll until it answers 2xx
+    healthy_timeout_s: float | None = Field(None, gt=0, le=3600)  # default 120
+
+    @field_validator("signal", mode="before")
+    @classmethod
+    def _bare_name(cls, value: Any) -> Any:
+        """`SIGTERM`, `term` and `TERM` are one signal."""
+        return value.upper().removeprefix("SIG") if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _coherent(self) -> SignalFault:
+        given = [k for k in ("pid", "pidfile", "match") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError(
+                "give exactly one of pid, pidfile or match (the process to signal); "
+                f"got {', '.join(given) or 'none'}"
+            )
+        restart = [k for k in _RESTART_KEYS if getattr(self, k) is not None]
+        if self.signal == "STOP":
+            if restart:
+                raise ValueError(
+                    f"{', '.join(restart)}: a STOP is rolled back by CONT after duration_s; "
+                    "restarts are for the other signals"
+                )
+            self.duration_s = 2.0 if self.duration_s is None else self.duration_s
+            return self
+        if self.duration_s is not None:
+            raise ValueError(
+                f"duration_s applies to STOP only (CONT follows it); after {self.signal}, "
+                "give restart_command and restart_after_s"
+            )
+        if self.restart_command is None and restart:
+            raise ValueError(f"{', '.join(restart)}: need a restart_command")
+        url = self.wait_healthy_url
+        if url is None and self.healthy_timeout_s is not None:
+            raise ValueError("healthy_timeout_s needs a wait_healthy_url")
+        if url is not None and not url.startswith(("http://", "https://")):
+            raise ValueError(f"wait_healthy_url must start with http:// or https://, got {url!r}")
+        if self.restart_command is not None:
+            self.restart_after_s = 5.0 if self.restart_after_s is None else self.restart_after_s
+            self.timeout_s = 60.0 if self.timeout_s is None else self.timeout_s
+        if url is not None and self.healthy_timeout_s is None:
+            self.healthy_timeout_s = 120.0
+        return self
+
+    def declared_effect(self) -> FaultEffect:
+        return SIGNAL_EFFECTS.get(self.signal, FaultEffect.NONE)
+
+
+@fault_kind(SignalFault)
 class SignalAction:
     """signal: resolve the process, send the signal; roll back with CONT or a restart."""
 

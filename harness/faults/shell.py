@@ -1,5 +1,5 @@
-"""The `command` fault: the user's shell command (docker kill, kubectl delete pod, systemctl
-restart ...) and its rollback command, each under a timeout, exit code and output recorded.
+"""The user's shell commands, as the `command` and `signal` kinds run them: each under a
+timeout, its exit code and output recorded.
 
 Each command runs in its own session, so a timeout kills everything its command line
 started. The wait is a poll with gevent sleeps in between, so the Locust users keep running
@@ -18,9 +18,6 @@ from dataclasses import dataclass
 from typing import IO, Any
 
 import gevent
-
-from harness.faults.base import FaultContext, FaultError, FaultRecord
-from harness.plan_faults import CommandFault
 
 OUTPUT_TAIL_CHARS = 2000  # of stdout and stderr, kept in the faults row's params
 POLL_S = 0.05
@@ -89,30 +86,3 @@ def _tail(out: IO[bytes]) -> str:
     size = out.seek(0, os.SEEK_END)
     out.seek(max(0, size - 4 * OUTPUT_TAIL_CHARS))
     return out.read().decode(errors="replace")[-OUTPUT_TAIL_CHARS:]
-
-
-class CommandAction:
-    """command: run the command (the fault), then the rollback command `rollback_after_s`
-    later; a non-zero exit or a timeout of either fails the fault."""
-
-    def __init__(self, spec: CommandFault, context: FaultContext) -> None:
-        self.spec = spec
-        self.target = spec.target
-        self.hold_s = spec.rollback_after_s or 0.0
-        self.rollback_limit_s = spec.timeout_s + REAP_S
-
-    def apply(self, record: FaultRecord) -> None:
-        record.begin()  # the command may act at any moment of its run
-        result = run_shell(self.spec.command, self.spec.timeout_s)
-        record.params.update(result.params())
-        if not result.ok:
-            raise FaultError(f"command {result.describe()}")
-
-    def rollback(self, record: FaultRecord) -> None:
-        if self.spec.rollback is None:
-            return
-        result = run_shell(self.spec.rollback, self.spec.timeout_s)
-        record.params.update(result.params("rollback_"))
-        if not result.ok:
-            raise FaultError(f"rollback command {result.describe()}")
-        record.rollback.append("rollback command exited 0")

@@ -1,9 +1,10 @@
 """Replica faults, through the admin API of a deployment kvgate runs: kill (SIGKILL, then a
 restart after a delay), pause (SIGSTOP, SIGCONT after a duration) and kill_during_storm
 (wait for a cancellation storm, then kill). The reference gateway's admin API serves its
-replicas; a managed engine (harness/engines/vllm_deployment.py) is one replica, `vllm`.
-Each signal goes to the replica's whole process tree: a server's helper processes (vLLM's
-EngineCore and worker) survive a kill of their parent and go on holding the GPU."""
+replicas (harness/faults/admin.py); a managed engine (harness/engines/vllm_deployment.py)
+is one replica, `vllm`. Each signal goes to the replica's whole process tree: a server's
+helper processes (vLLM's EngineCore and worker) survive a kill of their parent and go on
+holding the GPU."""
 
 from __future__ import annotations
 
@@ -11,74 +12,67 @@ import contextlib
 import os
 import signal
 import time
-from typing import Any
+from typing import Literal
 
 import gevent
+from pydantic import Field
 
-from harness.faults.base import FaultContext, FaultError, FaultRecord, ReplicaAdminAPI
-from harness.plan_faults import KillDuringStormFault, KillFault, PauseFault
+from contract import FaultEffect
+from harness.faults.base import (
+    FaultContext,
+    FaultError,
+    FaultRecord,
+    FaultSpec,
+    ReplicaAdminAPI,
+    fault_kind,
+)
 from harness.proctree import signal_tree
-from harness.samplers.http import request
 
-RESTART_WAIT_S = 30.0  # how long a restarted replica may take to report "running"
-RESTART_ATTEMPTS = 3
-RESTART_RETRY_S = 2.0
-ADMIN_TIMEOUT_S = 5.0  # a gateway busy tokenizing long prompts can be slow to answer
-RESTART_LIMIT_S = 2 * RESTART_WAIT_S + 15  # wait for the death, restart, wait for "running"
 STORM_WINDOW_S = 2.0
 
 
-class ReplicaAdmin:
-    """The gateway's admin API: where a replica's process is, and restarting it."""
+class KillFault(FaultSpec):
+    """SIGKILL a reference replica; restart it through the gateway after a delay."""
 
-    restart_limit_s = RESTART_LIMIT_S
+    kind: Literal["kill"] = "kill"
+    replica: str = "r0"
+    restart_after_s: float = Field(5.0, ge=0, le=600)
 
-    def __init__(self, gateway_url: str, admin_key: str) -> None:
-        self.url = gateway_url.rstrip("/") + "/admin/replicas"
-        self.key = admin_key
+    def declared_effect(self) -> FaultEffect:
+        return FaultEffect.KILLS
 
-    def replica(self, replica_id: str) -> dict[str, Any]:
-        resp = request(self.url, token=self.key, timeout_s=ADMIN_TIMEOUT_S)
-        if resp.status != 200:
-            raise FaultError(f"GET /admin/replicas answered HTTP {resp.status}")
-        for item in resp.json():
-            if item.get("id") == replica_id:
-                return dict(item)
-        raise FaultError(f"the gateway lists no replica {replica_id!r}")
+    def admin_replica(self) -> str:
+        return self.replica
 
-    def restart(self, replica_id: str) -> None:
-        """POST the restart; a 503 (the replica failed while starting) is retried a few times."""
-        # the gateway answers a restart once the replica is up, which can take a while
-        url = f"{self.url}/{replica_id}/restart"
-        problems = []
-        for attempt in range(RESTART_ATTEMPTS):
-            resp = request(url, method="POST", token=self.key, timeout_s=RESTART_WAIT_S)
-            if resp.status < 300:
-                return
-            problems.append(f"HTTP {resp.status}: {resp.body[:200].decode(errors='replace')}")
-            if resp.status != 503 or attempt == RESTART_ATTEMPTS - 1:
-                break
-            gevent.sleep(RESTART_RETRY_S)
-        raise FaultError(f"restart of {replica_id} failed: {'; '.join(problems)}")
 
-    def wait_running(self, replica_id: str, timeout_s: float = RESTART_WAIT_S) -> int | None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            with contextlib.suppress(OSError, ValueError, FaultError):
-                item = self.replica(replica_id)
-                if item.get("state") == "running":
-                    return item.get("pid")
-            gevent.sleep(0.25)
-        raise FaultError(f"{replica_id} was not running {timeout_s}s after its restart")
+class PauseFault(FaultSpec):
+    """SIGSTOP a reference replica; SIGCONT after `duration_s`."""
 
-    def wait_dead(self, replica_id: str, timeout_s: float = 10.0) -> None:
-        """The gateway must notice the death before it accepts a restart."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            with contextlib.suppress(OSError, ValueError, FaultError):
-                if self.replica(replica_id).get("state") == "dead":
-                    return
-            gevent.sleep(0.1)
+    kind: Literal["pause"] = "pause"
+    replica: str = "r0"
+    duration_s: float = Field(2.0, gt=0, le=600)
+
+    def declared_effect(self) -> FaultEffect:
+        return FaultEffect.PAUSES
+
+    def admin_replica(self) -> str:
+        return self.replica
+
+
+class KillDuringStormFault(FaultSpec):
+    """Wait for a cancellation storm (`min_cancels` in 2 s), then kill like `kill`."""
+
+    kind: Literal["kill_during_storm"] = "kill_during_storm"
+    replica: str = "r0"
+    restart_after_s: float = Field(5.0, ge=0, le=600)
+    storm_wait_s: float = Field(20.0, gt=0, le=600)  # how long to wait for the storm
+    min_cancels: int = Field(3, ge=1)  # cancellations within 2 s
+
+    def declared_effect(self) -> FaultEffect:
+        return FaultEffect.KILLS
+
+    def admin_replica(self) -> str:
+        return self.replica
 
 
 def _admin(context: FaultContext, kind: str) -> ReplicaAdminAPI:
@@ -90,6 +84,7 @@ def _admin(context: FaultContext, kind: str) -> ReplicaAdminAPI:
     return context.admin
 
 
+@fault_kind(KillFault, KillDuringStormFault)
 class KillAction:
     """kill and kill_during_storm: SIGKILL the replica; the rollback restarts it."""
 
@@ -130,6 +125,7 @@ class KillAction:
         )
 
 
+@fault_kind(PauseFault)
 class PauseAction:
     """pause: SIGSTOP the replica; the rollback is SIGCONT."""
 
