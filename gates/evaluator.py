@@ -7,12 +7,13 @@ MARGINAL (INVALID for a key gate) with the samples a conclusive judgement would 
 The run's verdict, in this order (gates/README.md says the same):
 1. FAIL when a blocking gate (a key gate, or one whose gate file says `blocks: true`: the
    seed's release criteria and the security rules) has failed in a way nothing else about
-   the run can undo: a breach that is not a latency (an OOM, a tenant over its cap), or a
-   latency whose whole interval lies past the line, by more than the run's timings can be
-   late: a lagging simulator by its worst measured lag; a load generator over its CPU
-   budget by an unknown amount, so there only a latency of +inf still counts (requests
-   never answered, releases that never came: a busy machine makes things slow, it does not
-   make them vanish). More evidence elsewhere, or for a key gate that has too little,
+   the run can undo: a breach of a metric that is not a timing metric, as its registration
+   declares (an OOM, a tenant over its cap), or a timing metric whose whole interval lies
+   past the line, by more than the run's timings can be late: a lagging simulator by its
+   worst measured lag; a load generator over its CPU budget by an unknown amount, so there
+   only a timing of +inf still counts (requests never answered, releases that never came:
+   a busy machine makes things slow, it does not make them vanish; gates.verdict's
+   `timing_could_fake`). More evidence elsewhere, or for a key gate that has too little,
    would not change that.
 2. INVALID when the run cannot be trusted: the load generator hit its CPU warning, the
    simulator lagged beyond its bound, a fault's rollback did not finish (the server may have
@@ -37,7 +38,7 @@ from gates import schema
 from gates.applicability import not_applicable
 from gates.estimate import Estimate, Reading, estimate, needs_n, read
 from gates.junit import write_junit
-from gates.metrics import REGISTRY, Observations
+from gates.metrics import REGISTRY, MetricDef, Observations
 from gates.rundir import RunData, load_run
 from gates.spec import OPERATORS, GateFile, GateSpec, Threshold, load_gate_file
 from gates.verdict import SCORE, GateResult, Status, Verdict
@@ -107,10 +108,8 @@ def _fails_for_good(gate: GateResult, slack_s: float) -> bool:
     may be (0 when they are trusted, +inf when nobody can say)."""
     if not gate.blocks or gate.status != Status.FAIL:
         return False
-    if gate.unit != "s":
-        return True
-    if gate.value is not None and math.isinf(gate.value):
-        return True  # censored: answers or releases that never came
+    if not gate.timing_could_fake():
+        return True  # not a timing, or censored: answers or releases that never came
     if gate.straddles or gate.interval is None:
         return False
     # the whole interval is past the line, by more than the timings could be late
@@ -173,7 +172,7 @@ def judge(run: RunData, gate: GateSpec) -> GateResult:
     why_not = f"left out by the gate file: {gate.skip}" if gate.skip else None
     why_not = why_not or not_applicable(run, gate.needs)
     if why_not is not None:
-        result = _unjudged(gate, definition.unit)
+        result = _unjudged(gate, definition)
         result.status, result.message = Status.NA, f"N/A: {why_not}"
         return result
     try:
@@ -186,7 +185,7 @@ def judge(run: RunData, gate: GateSpec) -> GateResult:
     # No examined record is no data, even for a count (zero violations of nothing).
     times = obs.frame["t"].to_numpy(dtype=float) if "t" in obs.frame else None
     est = estimate(values, gate.pass_, gate.confidence, times) if obs.n_samples else NO_DATA
-    result = _unjudged(gate, definition.unit)
+    result = _unjudged(gate, definition)
     result.value = None if math.isnan(est.value) else est.value
     result.n_samples = obs.n_samples
     result.notes = list(obs.notes)
@@ -223,7 +222,7 @@ def judge(run: RunData, gate: GateSpec) -> GateResult:
     return result
 
 
-def _unjudged(gate: GateSpec, unit: str) -> GateResult:
+def _unjudged(gate: GateSpec, definition: MetricDef) -> GateResult:
     """The gate's result before anything is judged: what it is, no value, PASS pending."""
     return GateResult(
         id=gate.id,
@@ -240,7 +239,10 @@ def _unjudged(gate: GateSpec, unit: str) -> GateResult:
         n_samples=0,
         message="",
         filter=gate.filter.model_dump(exclude_none=True),
-        unit=unit,
+        timing=definition.timing,
+        cause=definition.cause,
+        cause_weight=definition.cause_weight,
+        unit=definition.unit,
         confidence=gate.confidence,
     )
 

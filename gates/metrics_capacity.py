@@ -17,7 +17,7 @@ import pandas as pd
 
 import contract
 from contract import servers
-from gates.registry import Observations, metric
+from gates.registry import Cause, Observations, metric
 from gates.rundir import RunData
 from gates.spec import GateFilter
 from gates.stats import percentile
@@ -108,7 +108,7 @@ def _below_knees(run: RunData) -> tuple[pd.DataFrame, int] | str:
     return good, len(table)
 
 
-@metric("capacity_at_slo", filters=(), unit="users", kind="trend")
+@metric("capacity_at_slo", filters=(), unit="users", kind="trend", timing=False, cause=Cause.NONE)
 def capacity_at_slo(run: RunData, flt: GateFilter, params: Mapping[str, Any]) -> Observations:
     """The highest load (users) of a step below every knee (capacity refusals, the TTFT SLO,
     timeouts): one row; `min >= N` requires that capacity."""
@@ -126,7 +126,9 @@ def capacity_at_slo(run: RunData, flt: GateFilter, params: Mapping[str, Any]) ->
     return Observations(frame=frame, n_samples=steps_seen)
 
 
-@metric("goodput_at_slo", filters=(), unit="requests/s", kind="trend")
+@metric(
+    "goodput_at_slo", filters=(), unit="requests/s", kind="trend", timing=False, cause=Cause.NONE
+)
 def goodput_at_slo(run: RunData, flt: GateFilter, params: Mapping[str, Any]) -> Observations:
     """The best goodput (requests/s that met their SLO) of the steps below every knee."""
     found = _below_knees(run)

@@ -24,7 +24,7 @@ import pandas as pd
 
 import contract
 from gates.metrics_requests import REQUEST_FILTERS, _describe, _evidence, cut_short
-from gates.registry import Observations, metric
+from gates.registry import Cause, Observations, metric
 from gates.rundir import RunData
 from gates.spec import GateFilter
 from gates.windows import select
@@ -101,7 +101,14 @@ def breakdown(rows: pd.DataFrame, bad: pd.Series) -> list[str]:
     return lines
 
 
-@metric("availability", filters=REQUEST_FILTERS, unit="fraction", kind="rate")
+@metric(
+    "availability",
+    filters=REQUEST_FILTERS,
+    unit="fraction",
+    kind="rate",
+    timing=False,
+    cause=Cause.NONE,
+)
 def availability(run: RunData, flt: GateFilter, params: Mapping[str, Any]) -> Observations:
     """1 per request the server served or refused explicitly (429, or 503 with Retry-After);
     0 per failed request (see the module docstring). The notes break failures down by class."""
@@ -120,6 +127,8 @@ def availability(run: RunData, flt: GateFilter, params: Mapping[str, Any]) -> Ob
     filters=REQUEST_FILTERS,
     unit="fraction",
     kind="rate",
+    timing=False,
+    cause=Cause.NONE,
 )
 def timeouts_disconnects(run: RunData, flt: GateFilter, params: Mapping[str, Any]) -> Observations:
     """1 per request that timed out or whose connection dropped mid-answer, else 0: the

@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from contract import servers
-from gates.registry import Observations, metric
+from gates.registry import Cause, Observations, metric
 from gates.rundir import RunData
 from gates.spec import GateFilter
 from gates.stats import percentile
@@ -75,6 +75,8 @@ def _samples(run: RunData, names: tuple[str, ...]) -> pd.DataFrame:
     filters=(),
     unit="share of capacity",
     kind="series",
+    timing=False,
+    cause=Cause.NONE,
     params={"window_s": WINDOW_S},
 )
 def memory_floor(run: RunData, flt: GateFilter, params: Mapping[str, Any]) -> Observations:
@@ -97,7 +99,15 @@ def memory_floor(run: RunData, flt: GateFilter, params: Mapping[str, Any]) -> Ob
     return _per_window(share, spans, floor, "lowest pool usage")
 
 
-@metric("server_rss", filters=(), unit="MB", kind="series", params={"window_s": WINDOW_S})
+@metric(
+    "server_rss",
+    filters=(),
+    unit="MB",
+    kind="series",
+    timing=False,
+    cause=Cause.NONE,
+    params={"window_s": WINDOW_S},
+)
 def server_rss(run: RunData, flt: GateFilter, params: Mapping[str, Any]) -> Observations:
     """The server processes' resident memory (MB, all of them summed) per window: a process
     that grows without bound shows as a rising line. Windows a process was missing from (a
@@ -119,7 +129,13 @@ def server_rss(run: RunData, flt: GateFilter, params: Mapping[str, Any]) -> Obse
 
 
 @metric(
-    "ledger_drift_trend", filters=(), unit="tokens", kind="series", params={"window_s": WINDOW_S}
+    "ledger_drift_trend",
+    filters=(),
+    unit="tokens",
+    kind="series",
+    timing=False,
+    cause=Cause.NONE,
+    params={"window_s": WINDOW_S},
 )
 def ledger_drift_trend(run: RunData, flt: GateFilter, params: Mapping[str, Any]) -> Observations:
     """The gateway's ledger drift (reserved minus the live reservations, tokens), its largest
@@ -138,6 +154,8 @@ def ledger_drift_trend(run: RunData, flt: GateFilter, params: Mapping[str, Any])
     filters=("traffic_class", "priority", "tenant"),
     unit="s",
     kind="series",
+    timing=True,
+    cause=Cause.NONE,
     params={"window_s": WINDOW_S},
 )
 def ttft_p95_trend(run: RunData, flt: GateFilter, params: Mapping[str, Any]) -> Observations:
@@ -158,6 +176,8 @@ def ttft_p95_trend(run: RunData, flt: GateFilter, params: Mapping[str, Any]) -> 
     filters=("traffic_class", "priority", "tenant"),
     unit="share",
     kind="series",
+    timing=False,
+    cause=Cause.NONE,
     params={"window_s": WINDOW_S},
 )
 def rejection_rate_trend(run: RunData, flt: GateFilter, params: Mapping[str, Any]) -> Observations:

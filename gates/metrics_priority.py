@@ -19,7 +19,7 @@ import pandas as pd
 
 import contract
 from gates.metrics_requests import REQUEST_FILTERS, ttft
-from gates.registry import Observations, metric
+from gates.registry import Cause, Observations, metric
 from gates.rundir import RunData
 from gates.spec import GateFilter
 
@@ -71,6 +71,8 @@ def lower_waiting(spans: pd.DataFrame, t: np.ndarray, priority: np.ndarray) -> n
     filters=REQUEST_FILTERS,
     unit="s",
     kind="trend",
+    timing=True,
+    cause=Cause.PRIORITY_RULES,
     params={"min_waiting": 1},
 )
 def ttft_under_pressure(run: RunData, flt: GateFilter, params: Mapping[str, Any]) -> Observations:

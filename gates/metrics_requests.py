@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 import contract
-from gates.registry import Observations, metric
+from gates.registry import Cause, Observations, metric
 from gates.rundir import RunData
 from gates.spec import GateFilter
 from gates.windows import (
@@ -94,13 +94,15 @@ def _int_text(value: float) -> str:
     return "none" if pd.isna(value) else str(int(value))
 
 
-@metric("ttft", filters=REQUEST_FILTERS, unit="s", kind="trend")
+@metric(
+    "ttft", filters=REQUEST_FILTERS, unit="s", kind="trend", timing=True, cause=Cause.PRIORITY_RULES
+)
 def ttft(run: RunData, flt: GateFilter, params: Mapping[str, Any]) -> Observations:
     """Time to first content chunk (s); +inf for a request the server never answered."""
     return _latency(run, flt, "ttft_s", "first token")
 
 
-@metric("e2e", filters=REQUEST_FILTERS, unit="s", kind="trend")
+@metric("e2e", filters=REQUEST_FILTERS, unit="s", kind="trend", timing=True, cause=Cause.NONE)
 def e2e(run: RunData, flt: GateFilter, params: Mapping[str, Any]) -> Observations:
     """End-to-end latency (s), send to end of stream; +inf when the server never answered."""
     return _latency(run, flt, "e2e_s", "end-to-end latency")
@@ -111,6 +113,8 @@ def e2e(run: RunData, flt: GateFilter, params: Mapping[str, Any]) -> Observation
     filters=REQUEST_FILTERS,
     unit="fraction",
     kind="rate",
+    timing=False,
+    cause=Cause.NONE,
     params={"outcome": "timeout"},
     choices={"outcome": contract.OUTCOMES},
 )
@@ -130,6 +134,9 @@ def outcome_rate(run: RunData, flt: GateFilter, params: Mapping[str, Any]) -> Ob
     filters=REQUEST_FILTERS,
     unit="s",
     kind="trend",
+    timing=True,
+    cause=Cause.RELEASE_DEFECT,
+    cause_weight=2,  # a late or missing release is the release path itself
     params={"skew_s": 0.5},
 )
 def cancel_release_latency(
@@ -276,7 +283,12 @@ def _abandoned(events: pd.DataFrame, rows: pd.DataFrame, t_end: np.ndarray) -> n
 
 
 @metric(
-    "preempted_completion", filters=("priority", "tenant", "window"), unit="fraction", kind="rate"
+    "preempted_completion",
+    filters=("priority", "tenant", "window"),
+    unit="fraction",
+    kind="rate",
+    timing=False,
+    cause=Cause.RELEASE_DEFECT,
 )
 def preempted_completion(run: RunData, flt: GateFilter, params: Mapping[str, Any]) -> Observations:
     """1 per preempted request that still finished ok, else 0 (client cancels excluded)."""
@@ -313,7 +325,14 @@ def preempted_completion(run: RunData, flt: GateFilter, params: Mapping[str, Any
     return Observations(frame=frame, n_samples=len(rows), notes=notes)
 
 
-@metric("critical_preemptions", filters=("tenant", "window"), unit="count", kind="count")
+@metric(
+    "critical_preemptions",
+    filters=("tenant", "window"),
+    unit="count",
+    kind="count",
+    timing=False,
+    cause=Cause.NONE,
+)
 def critical_preemptions(run: RunData, flt: GateFilter, params: Mapping[str, Any]) -> Observations:
     """Preemptions that took critical work while its replica was not at risk of running out of
     memory (reason other than contract.PREEMPT_AT_RISK): one row each; every preemption in
@@ -350,7 +369,14 @@ def critical_preemptions(run: RunData, flt: GateFilter, params: Mapping[str, Any
     return Observations(frame=frame, n_samples=len(preempted), notes=notes)
 
 
-@metric("explicit_refusal", filters=REQUEST_FILTERS, unit="fraction", kind="rate")
+@metric(
+    "explicit_refusal",
+    filters=REQUEST_FILTERS,
+    unit="fraction",
+    kind="rate",
+    timing=False,
+    cause=Cause.PRIORITY_RULES,
+)
 def explicit_refusal(run: RunData, flt: GateFilter, params: Mapping[str, Any]) -> Observations:
     """Of requests the server did not serve: 1 when refused with 429/503 and Retry-After.
 

@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from gates import stats
-from gates.registry import Observations, metric
+from gates.registry import Cause, Observations, metric
 from gates.rundir import RunData
 from gates.spec import GateFilter
 from gates.windows import isin, select
@@ -62,7 +62,14 @@ def _granted(run: RunData, rows: pd.DataFrame) -> pd.Series:
     return pd.Series(seen.reindex(keys).to_numpy(), index=rows.index).fillna("")
 
 
-@metric("priority_escalations", filters=("tenant", "window"), unit="count", kind="count")
+@metric(
+    "priority_escalations",
+    filters=("tenant", "window"),
+    unit="count",
+    kind="count",
+    timing=False,
+    cause=Cause.NONE,
+)
 def priority_escalations(run: RunData, flt: GateFilter, params: Mapping[str, Any]) -> Observations:
     """Escalation probes the server granted: run at the priority asked, which the key lacks.
 
@@ -166,7 +173,14 @@ def _column(role: str, column: str) -> str:
     return f"{role.removeprefix('prefix_')}_{column}"
 
 
-@metric("cross_tenant_prefix_hits", filters=("window",), unit="count", kind="count")
+@metric(
+    "cross_tenant_prefix_hits",
+    filters=("window",),
+    unit="count",
+    kind="count",
+    timing=False,
+    cause=Cause.NONE,
+)
 def cross_tenant_prefix_hits(
     run: RunData, flt: GateFilter, params: Mapping[str, Any]
 ) -> Observations:

@@ -16,7 +16,7 @@ from scipy.stats import beta
 from contract import servers
 from gates import stats
 from gates.metrics_requests import DEATH_SLACK_S
-from gates.registry import Observations, metric
+from gates.registry import Cause, Observations, metric
 from gates.rundir import RunData
 from gates.spec import GateFilter
 from gates.windows import (
@@ -32,6 +32,9 @@ from gates.windows import (
 )
 
 OOM_REASON = r"(?i)\boom\b|out of memory"
+# Everything after an OOM (rejections while replicas restart, slow first tokens) is its
+# consequence, so a new OOM outweighs all the other signals of a rollback's cause together.
+OOM_WEIGHT = 10
 LIFECYCLE = ("replica_started", "replica_died", "oom")
 MEMORY_FAMILIES = (
     ("GPU memory (NVML)", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_TOTAL"),
@@ -54,7 +57,15 @@ def _rows(value: Any, t: Any, replica: Any, detail: Any, **extra: Any) -> pd.Dat
     return pd.DataFrame({"value": value, "t": t, "replica": replica, "detail": detail, **extra})
 
 
-@metric("oom_events", filters=("window",), unit="count", kind="count")
+@metric(
+    "oom_events",
+    filters=("window",),
+    unit="count",
+    kind="count",
+    timing=False,
+    cause=Cause.ESTIMATION_BIAS,
+    cause_weight=OOM_WEIGHT,
+)
 def oom_events(run: RunData, flt: GateFilter, params: Mapping[str, Any]) -> Observations:
     """OOM signals: `oom` events, replica deaths blamed on OOM, increases of kvgate_oom_total,
     and answers whose error names an out-of-memory (how any server shows one to a client).
@@ -133,7 +144,14 @@ def _unexplained_deaths(run: RunData, flt: GateFilter) -> pd.DataFrame:
     return died[~in_intervals(died["t"], spans)] if spans else died
 
 
-@metric("tenant_pool_share", filters=("tenant", "window"), unit="fraction", kind="trend")
+@metric(
+    "tenant_pool_share",
+    filters=("tenant", "window"),
+    unit="fraction",
+    kind="trend",
+    timing=False,
+    cause=Cause.PRIORITY_RULES,
+)
 def tenant_pool_share(run: RunData, flt: GateFilter, params: Mapping[str, Any]) -> Observations:
     """Each tenant's share of a replica's KV pool over time (samples, else rebuilt from events)."""
     samples = run.samples[run.samples["metric"].eq("kvgate_tenant_pool_share")]
@@ -199,7 +217,15 @@ def _level_windows(run: RunData) -> tuple[tuple[float, float], tuple[float, floa
     return (float(idle[0]), float(idle[1])), (mid, float(after[1]))
 
 
-@metric("memory_return", filters=(), unit="fraction", kind="trend")
+@metric(
+    "memory_return",
+    filters=(),
+    unit="fraction",
+    kind="trend",
+    timing=False,
+    cause=Cause.RELEASE_DEFECT,
+    cause_weight=2,  # memory that stays held after the load is what a release defect leaves
+)
 def memory_return(run: RunData, flt: GateFilter, params: Mapping[str, Any]) -> Observations:
     """Memory still above its idle level after load, as a fraction of capacity, per target."""
     spans = _level_windows(run)
@@ -240,7 +266,13 @@ def memory_return(run: RunData, flt: GateFilter, params: Mapping[str, Any]) -> O
 
 
 @metric(
-    "failover_integrity", filters=("window",), unit="count", kind="count", params={"grace_s": 2.0}
+    "failover_integrity",
+    filters=("window",),
+    unit="count",
+    kind="count",
+    timing=False,
+    cause=Cause.RELEASE_DEFECT,
+    params={"grace_s": 2.0},
 )
 def failover_integrity(run: RunData, flt: GateFilter, params: Mapping[str, Any]) -> Observations:
     """Violations after replica kills: a request held on two replicas; ledger drift not 0."""
@@ -358,6 +390,8 @@ def _drift_after(drift: pd.DataFrame, kills: pd.DataFrame, grace_s: float) -> pd
     filters=("tenant",),
     unit="count",
     kind="count",
+    timing=False,
+    cause=Cause.PRIORITY_RULES,
     params={"peak_ratio_max": 0.2, "starve_after_s": 5.0, "settle_s": 1.0},
 )
 def batch_peak_trough(run: RunData, flt: GateFilter, params: Mapping[str, Any]) -> Observations:

@@ -4,7 +4,11 @@ A metric returns one row per observation (column `value`, plus evidence columns 
 `request_id`, `t`, `tenant`, `replica`, `detail`) and how many records it examined; zero
 examined records means the run has no data for the gate, which is never a silent pass.
 A metric declares its kind — `trend` (a distribution: latencies, shares), `rate` (0/1 per
-observation) or `count` (one row per violation) — and gate files are checked against it.
+observation), `count` (one row per violation) or `series` (one value per window) — and gate
+files are checked against it. It also declares what its value means to the rules that read
+a verdict: `timing` (a time on the run's clocks, which a lagging simulator or a load
+generator over its CPU budget makes late, so such a run cannot prove its breach) and `cause`
+(the rollback cause its failure points to). No rule looks at a metric's name or unit.
 """
 
 from __future__ import annotations
@@ -17,6 +21,9 @@ import pandas as pd
 
 from gates.rundir import RunData
 from gates.spec import GateFilter
+from gates.verdict import Cause
+
+__all__ = ["EVIDENCE_COLUMNS", "KINDS", "REGISTRY", "Cause", "MetricDef", "Observations", "metric"]
 
 KINDS = ("trend", "rate", "count", "series")
 EVIDENCE_COLUMNS = ("request_id", "t", "tenant", "replica", "detail")
@@ -52,7 +59,10 @@ class MetricDef:
     params: Mapping[str, Any]
     unit: str
     description: str
-    kind: str = "trend"
+    kind: str
+    timing: bool
+    cause: Cause
+    cause_weight: int = 1
     choices: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     def compute(self, run: RunData, flt: GateFilter, params: Mapping[str, Any]) -> Observations:
@@ -74,13 +84,24 @@ def metric(
     filters: tuple[str, ...],
     unit: str,
     kind: str,
+    timing: bool,
+    cause: Cause,
+    cause_weight: int = 1,
     params: Mapping[str, Any] | None = None,
     choices: Mapping[str, tuple[str, ...]] | None = None,
 ) -> Callable[[MetricFn], MetricFn]:
-    """Register `fn` as metric `name` of `kind` (trend, rate, count); its docstring is the
-    description reports show; `choices` lists the allowed values of text parameters."""
+    """Register `fn` as metric `name` of `kind` (trend, rate, count, series); its docstring
+    is the description reports show; `choices` lists the allowed values of text parameters.
+
+    `timing`: the value is a time on the run's clocks (seconds), so a run whose timings
+    cannot be trusted cannot prove its breach, unless the value is +inf (never answered,
+    never released). `cause`: the rollback cause a failure of this metric points to, and
+    `cause_weight` how many points of evidence that failure is (1 unless it is direct
+    evidence). Both are required, so that no new metric inherits a meaning by omission.
+    """
     if kind not in KINDS:
         raise ValueError(f"metric {name!r}: kind {kind!r} is not one of {', '.join(KINDS)}")
+    _check_declarations(name, unit, timing, cause, cause_weight)
 
     def register(fn: MetricFn) -> MetricFn:
         if name in REGISTRY:
@@ -92,9 +113,39 @@ def metric(
             params=dict(params or {}),
             unit=unit,
             kind=kind,
+            timing=timing,
+            cause=cause,
+            cause_weight=cause_weight,
             choices=dict(choices or {}),
             description=(fn.__doc__ or "").strip().splitlines()[0] if fn.__doc__ else name,
         )
         return fn
 
     return register
+
+
+def _check_declarations(
+    name: str, unit: str, timing: object, cause: object, cause_weight: object
+) -> None:
+    if not isinstance(timing, bool):
+        raise ValueError(f"metric {name!r}: timing must be True or False, got {timing!r}")
+    if timing and unit != "s":
+        # the verdict weighs a timing breach against the run's lag, which is in seconds
+        raise ValueError(
+            f"metric {name!r}: a timing metric is measured in seconds (unit 's'), got "
+            f"unit {unit!r}; convert its values to seconds, or declare timing=False"
+        )
+    if not isinstance(cause, Cause):
+        raise ValueError(
+            f"metric {name!r}: cause must be a gates.registry.Cause "
+            f"({', '.join(f'Cause.{c.name}' for c in Cause)}), got {cause!r}"
+        )
+    if not isinstance(cause_weight, int) or isinstance(cause_weight, bool) or cause_weight < 1:
+        raise ValueError(
+            f"metric {name!r}: cause_weight must be a whole number >= 1, got {cause_weight!r}"
+        )
+    if cause is Cause.NONE and cause_weight != 1:
+        raise ValueError(
+            f"metric {name!r}: cause_weight {cause_weight} weighs no cause; "
+            "declare the cause it points to, or leave cause_weight out"
+        )

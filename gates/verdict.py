@@ -8,6 +8,39 @@ from enum import StrEnum
 from typing import Any
 
 
+class Cause(StrEnum):
+    """What a gate's failure points to when a candidate is compared with its baseline
+    (reports/decide.py names the likeliest). Each metric declares one (gates/registry.py);
+    NONE: its failure says nothing about why."""
+
+    NONE = "none"
+    ESTIMATION_BIAS = "estimation_bias"
+    PRIORITY_RULES = "priority_rules"
+    RELEASE_DEFECT = "release_defect"
+
+    @property
+    def description(self) -> str:
+        return _CAUSE_TEXT[self]
+
+
+_CAUSE_TEXT = {
+    Cause.NONE: "no cause in particular",
+    Cause.ESTIMATION_BIAS: "estimation bias (reservations do not match what requests use)",
+    Cause.PRIORITY_RULES: "priority rules (who gets rejected or served first)",
+    Cause.RELEASE_DEFECT: "a runtime release defect (blocks freed late or held after finish)",
+}
+
+
+def timing_could_fake(timing: bool, value: float | None) -> bool:
+    """Whether doubtful clocks (a lagging simulator, a load generator over its CPU budget)
+    could have produced a gate's `value`: yes for a finite value of a timing metric; no for
+    any other metric, and no for +inf, an answer or a release that never came. A busy
+    machine makes things late; it does not make them vanish, so a leak is never excused.
+    The run's verdict (gates/evaluator.py) and the rollback rules (reports/decide.py) both
+    excuse a breach on untrusted timings through this rule alone."""
+    return timing and not (value is not None and math.isinf(value))
+
+
 class Status(StrEnum):
     PASS = "PASS"
     MARGINAL = "MARGINAL"
@@ -47,6 +80,12 @@ class GateResult:
     n_samples: int
     message: str
     filter: dict[str, Any]
+    # The metric's declarations (gates/registry.py), so that no reader of a verdict needs
+    # the registry: whether its value is a time on the run's clocks, and the rollback cause
+    # a failure points to with the weight of that evidence.
+    timing: bool
+    cause: Cause
+    cause_weight: int = 1
     unit: str = ""
     first_breach_t: float | None = None
     breaches: int = 0
@@ -66,6 +105,10 @@ class GateResult:
     censored: int = 0
     # A FAIL of this gate fails the run by itself (the gate file's `blocks`, else `key`).
     blocks: bool = False
+
+    def timing_could_fake(self) -> bool:
+        """Whether untrusted timings could explain this gate's value (`timing_could_fake`)."""
+        return timing_could_fake(self.timing, self.value)
 
     def value_text(self) -> str:
         """`p95 = 0.56 s [0.49, 0.71], n = 127`: the one way every output shows a gate's value."""
@@ -143,7 +186,11 @@ class Verdict:
     def from_dict(cls, data: dict[str, Any]) -> Verdict:
         gates = []
         for g in data["gates"]:
-            fields = {**g, "status": Status(g["status"]), "value": _infinity_in(g.get("value"))}
+            fields = {
+                **_with_declarations(g),
+                "status": Status(g["status"]),
+                "value": _infinity_in(g.get("value")),
+            }
             if g.get("interval") is not None:
                 fields["interval"] = [_infinity_in(v) for v in g["interval"]]
             gates.append(GateResult(**fields))
@@ -156,6 +203,27 @@ class Verdict:
             gates_file=str(data["gates_file"]),
             notes=list(data.get("notes", [])),
         )
+
+
+def _with_declarations(gate: dict[str, Any]) -> dict[str, Any]:
+    """A gate of verdict.json with its metric's declarations. A verdict written before gates
+    carried them takes them from today's registry: the one place they are ever derived."""
+    if "timing" in gate:
+        return {**gate, "cause": Cause(gate["cause"])}
+    from gates.metrics import REGISTRY  # only for old verdicts: keeps this module a leaf
+
+    definition = REGISTRY.get(gate["metric"])
+    if definition is None:
+        raise ValueError(
+            f"gate {gate.get('id')!r}: its metric {gate['metric']!r} is no longer registered "
+            "and the verdict predates declared timing; judge the run again (kvgate gate RUN_DIR)"
+        )
+    return {
+        **gate,
+        "timing": definition.timing,
+        "cause": definition.cause,
+        "cause_weight": definition.cause_weight,
+    }
 
 
 def _infinity_out(value: Any) -> Any:

@@ -19,14 +19,13 @@ from scipy.stats import mannwhitneyu
 
 from gates.rundir import RunData
 from gates.stats import percentile
-from gates.verdict import Verdict, _clean
+from gates.verdict import Cause, Verdict, _clean
 from reports import analysis
 
 MAX_SAMPLES = 20_000  # per side; a rank test on more adds nothing but time
 MIN_SAMPLES = 20
 ALPHA = 0.01
 SMALL_EFFECT, LARGE_EFFECT = 0.1, 0.3
-TIMING_METRICS = {"ttft", "e2e", "cancel_release_latency"}
 WATERMARK_STEP, WATERMARK_FLOOR = 0.05, 0.5
 
 
@@ -37,11 +36,8 @@ class Decision(StrEnum):
 
 
 EXIT_CODES = {Decision.PROMOTE: 0, Decision.HOLD: 4, Decision.ROLLBACK: 3}
-CAUSES = {
-    "estimation_bias": "estimation bias (reservations do not match what requests use)",
-    "priority_rules": "priority rules (who gets rejected or served first)",
-    "release_defect": "a runtime release defect (blocks freed late or held after finish)",
-}
+# The causes a rollback can name: those a metric can declare (gates/verdict.py), NONE aside.
+CAUSES: dict[str, str] = {c.value: c.description for c in Cause if c is not Cause.NONE}
 
 
 @dataclass(slots=True)
@@ -188,6 +184,9 @@ def gate_pairs(candidate: Verdict, baseline: Verdict) -> list[dict[str, Any]]:
                 "title": g.title,
                 "key": g.key,
                 "metric": g.metric,
+                "timing": g.timing,
+                "cause": g.cause,
+                "cause_weight": g.cause_weight,
                 "threshold": g.threshold,
                 "candidate": str(g.status),
                 "candidate_value": g.value,

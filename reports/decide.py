@@ -4,8 +4,9 @@ ROLLBACK: the candidate fails a key gate the baseline passes, or is much slower 
 significant effect) for critical/interactive traffic or release. HOLD: something is off
 but rolling back is not clearly right (a run cannot judge, the baseline fails too, small
 regressions, marginal gates); a baseline that cannot judge its timings still supports a
-rollback from a candidate that fails a key gate no timing can fake (an OOM). PROMOTE
-otherwise.
+rollback from a candidate that fails a key gate no timing can fake (an OOM, a leak). Which
+failures timing could fake, and which cause each failure points to, the gates' metrics
+declare (gates/registry.py); no rule here names a metric.
 """
 
 from __future__ import annotations
@@ -15,12 +16,11 @@ from typing import Any
 from gates.evaluator import evaluate
 from gates.rundir import RunData
 from gates.spec import GateFile
-from gates.verdict import Status, Verdict
+from gates.verdict import Cause, Status, Verdict, timing_could_fake
 from reports import analysis
 from reports.compare import (
     CAUSES,
     SMALL_EFFECT,
-    TIMING_METRICS,
     WATERMARK_FLOOR,
     WATERMARK_STEP,
     Comparison,
@@ -33,14 +33,6 @@ from reports.compare import (
     usage_at_first_oom,
 )
 
-OOM_WEIGHT = 10
-PRIORITY_METRICS = {"ttft", "explicit_refusal", "batch_peak_trough", "tenant_pool_share"}
-RELEASE_METRICS = {
-    "cancel_release_latency",
-    "memory_return",
-    "failover_integrity",
-    "preempted_completion",
-}
 REJECTION_RISE = 0.02
 UNDER_RESERVED_RISE = 0.02
 MEDIAN_ERROR_SHIFT = 0.05
@@ -94,9 +86,7 @@ def rules(
     key_fail = [
         g
         for g in gates
-        if g["key"]
-        and g["candidate"] == Status.FAIL
-        and not (untrusted and g["metric"] in TIMING_METRICS)
+        if g["key"] and g["candidate"] == Status.FAIL and not (untrusted and _timing_could_fake(g))
     ]
     new_fail = [g for g in key_fail if g["baseline"] != Status.FAIL]
     shared_fail = [g for g in key_fail if g["baseline"] == Status.FAIL]
@@ -120,14 +110,10 @@ def rules(
             f"... and {len(large) - MAX_REASONS} more significantly slower class/priority groups"
         )
     if base.status == Status.INVALID:
-        # A breach no timing can fake (an OOM, a tenant over its cap) in the candidate, on a
-        # key gate the baseline passed, still rolls back: the baseline's doubts are about its
-        # timings or its evidence elsewhere, and its run without that breach is real.
-        hard = [
-            g
-            for g in new_fail
-            if g["metric"] not in TIMING_METRICS and g["baseline"] == Status.PASS
-        ]
+        # A breach no timing can fake (an OOM, a tenant over its cap, a leak) in the candidate,
+        # on a key gate the baseline passed, still rolls back: the baseline's doubts are about
+        # its timings or its evidence elsewhere, and its run without that breach is real.
+        hard = [g for g in new_fail if not _timing_could_fake(g) and g["baseline"] == Status.PASS]
         if hard:
             return Decision.ROLLBACK, [
                 *reasons,
@@ -172,20 +158,15 @@ def likely_causes(
     A slowdown every priority shares is not blamed on priority rules: only a gap between
     high-priority and batch effects is.
     """
-    # A gate the candidate could not judge (its replicas died, say) is no evidence of a cause.
+    # A gate the candidate could not judge (its replicas died, say) is no evidence of a cause;
+    # a metric judged by several gates is one piece of evidence.
     new_fail = {
         g["metric"]: g
         for g in gates
         if g["candidate"] in (Status.FAIL, Status.MARGINAL) and g["baseline"] == Status.PASS
     }
     causes: dict[str, list[tuple[int, str]]] = {k: [] for k in CAUSES}
-    causes["estimation_bias"] += _estimation_evidence(reservation)
-    if "oom_events" in new_fail:
-        # Everything after an OOM (rejections while replicas restart, slow first tokens) is
-        # its consequence, so the OOM outweighs all the other signals together.
-        causes["estimation_bias"].append(
-            (OOM_WEIGHT, "the candidate ran out of memory: its commitments exceeded the GPU")
-        )
+    causes[Cause.ESTIMATION_BIAS] += _estimation_evidence(reservation)
     risen = [
         r
         for r in rejections
@@ -195,30 +176,34 @@ def likely_causes(
         text = ", ".join(
             f"{r['priority']} {r['rate_baseline']:.1%} -> {r['rate_candidate']:.1%}" for r in risen
         )
-        causes["priority_rules"].append((2, f"rejection rate rose for {text}"))
+        causes[Cause.PRIORITY_RULES].append((2, f"rejection rate rose for {text}"))
     ttft = [t for t in tests if t.metric == "ttft"]
     high = [t.effect for t in ttft if "/batch" not in t.group]
     low = [t.effect for t in ttft if "/batch" in t.group]
     if high and max(high) >= SMALL_EFFECT and max(high) - (max(low) if low else 0.0) > PRIORITY_GAP:
-        causes["priority_rules"].append(
+        causes[Cause.PRIORITY_RULES].append(
             (2, f"TTFT of non-batch traffic slower than batch's (effect up to {max(high):+.2f})")
         )
     release = [t for t in tests if t.metric == "cancel_release" and t.regression]
     if release:
         worst = max(release, key=lambda t: t.effect)
         medians = f"{worst.median_candidate:.3g}s vs {worst.median_baseline:.3g}s"
-        causes["release_defect"].append((2, f"cancel-to-release slower: median {medians}"))
-    for metric, g in new_fail.items():
-        weight = 2 if metric in ("cancel_release_latency", "memory_return") else 1
-        if metric in PRIORITY_METRICS:
-            causes["priority_rules"].append(
-                (1, f"gate {g['id']} {g['candidate']} ({_value(g, 'candidate')})")
-            )
-        if metric in RELEASE_METRICS:
-            causes["release_defect"].append(
-                (weight, f"gate {g['id']} {g['candidate']} ({_value(g, 'candidate')})")
+        causes[Cause.RELEASE_DEFECT].append((2, f"cancel-to-release slower: median {medians}"))
+    for g in new_fail.values():
+        cause = Cause(g["cause"])
+        if cause is not Cause.NONE:
+            causes[cause].append(
+                (
+                    int(g["cause_weight"]),
+                    f"gate {g['id']} {g['candidate']} ({_value(g, 'candidate')})",
+                )
             )
     return causes
+
+
+def _timing_could_fake(gate: dict[str, Any]) -> bool:
+    """Whether the candidate's value of this gate is one untrusted timings could explain."""
+    return timing_could_fake(bool(gate["timing"]), gate["candidate_value"])
 
 
 def _estimation_evidence(reservation: dict[str, dict[str, float | None]]) -> list[tuple[int, str]]:

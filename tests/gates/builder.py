@@ -146,6 +146,30 @@ def preempted(completed: int, lost: int = 0) -> RunBuilder:
     return b
 
 
+def batch_waiting(b: RunBuilder, t0: float, t1: float, n: int = 5) -> RunBuilder:
+    """`n` batch requests queued at t0 and admitted at t1: lower-priority work that waits."""
+    for i in range(n):
+        rid = f"b{t0}-{i}"
+        b.request(rid, t=t0, priority="batch", traffic_class="batch", ttft_s=t1 - t0 + 0.1)
+        b.event("queued", t0, request_id=rid, priority="batch")
+        b.event("admitted", t1, request_id=rid, priority="batch")
+    return b
+
+
+def critical(b: RunBuilder, start: float, n: int, ttft: float) -> RunBuilder:
+    """`n` critical short_qa requests from `start`, 0.1 s apart, each with first token `ttft`."""
+    for i in range(n):
+        b.request(f"c{start}-{i}", t=start + i * 0.1, priority="critical", ttft_s=ttft)
+    return b
+
+
+def cpu_warning(b: RunBuilder) -> RunBuilder:
+    """The load generator hit its CPU warning: the run's timings cannot be trusted."""
+    b.meta["cpu_warning"] = True
+    b.meta["cpu_warnings"] = [{"t": 0, "worker": "local", "cpu_percent": 97}]
+    return b
+
+
 def gate_file(path: Path, *gates: str) -> Path:
     """A gate file made of YAML gate entries (each a string of `- id: ...` YAML)."""
     body = "version: 1\ngates:\n" + "\n".join(gates)

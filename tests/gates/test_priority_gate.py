@@ -10,26 +10,10 @@ import pandas as pd
 
 from gates.metrics_priority import lower_waiting, waiting_spans
 from gates.verdict import Status, Verdict
-from tests.gates.builder import T0, RunBuilder
+from tests.gates.builder import T0, RunBuilder, batch_waiting, critical
 from tests.gates.conftest import gate
 
 Judge = Callable[[RunBuilder], Verdict]
-
-
-def batch_waiting(b: RunBuilder, t0: float, t1: float, n: int = 5) -> RunBuilder:
-    """`n` batch requests queued at t0 and admitted at t1: lower-priority work that waits."""
-    for i in range(n):
-        rid = f"b{t0}-{i}"
-        b.request(rid, t=t0, priority="batch", traffic_class="batch", ttft_s=t1 - t0 + 0.1)
-        b.event("queued", t0, request_id=rid, priority="batch")
-        b.event("admitted", t1, request_id=rid, priority="batch")
-    return b
-
-
-def critical(b: RunBuilder, start: float, n: int, ttft: float) -> RunBuilder:
-    for i in range(n):
-        b.request(f"c{start}-{i}", t=start + i * 0.1, priority="critical", ttft_s=ttft)
-    return b
 
 
 def test_fcfs_makes_critical_questions_wait_behind_queued_batch_work(judge: Judge) -> None:

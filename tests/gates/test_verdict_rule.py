@@ -5,9 +5,13 @@ lacks evidence; INVALID is for runs whose evidence cannot be trusted (gates/eval
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
+from gates.evaluator import evaluate
+from gates.rundir import load_run
+from gates.spec import load_gate_file
 from gates.verdict import Status, Verdict
-from tests.gates.builder import RunBuilder
+from tests.gates.builder import RunBuilder, batch_waiting, cpu_warning, critical, gate_file
 from tests.gates.conftest import gate
 
 Judge = Callable[[RunBuilder], Verdict]
@@ -47,9 +51,7 @@ def test_a_latency_failure_that_straddles_the_line_waits_for_evidence(judge: Jud
 def test_a_clear_latency_failure_on_a_starved_load_generator_is_invalid(judge: Judge) -> None:
     """Timings from a load generator over its CPU budget prove nothing, however slow."""
     b = slow_critical(RunBuilder(), 200, ttft=12.0)
-    b.meta["cpu_warning"] = True
-    b.meta["cpu_warnings"] = [{"t": 0, "worker": "local", "cpu_percent": 97}]
-    verdict = judge(b)
+    verdict = judge(cpu_warning(b))
     assert gate(verdict, "ttft_critical_p95").status == Status.FAIL
     assert verdict.status == Status.INVALID
     assert any("CPU warning" in p for p in verdict.run_problems)
@@ -65,9 +67,7 @@ def test_a_leak_fails_the_run_even_on_a_starved_load_generator(judge: Judge) -> 
         b.event("admitted", 20 + i * 0.1, request_id=rid)
         if i % 20:  # one cancellation in 20 is never released
             b.event("released", 20 + i * 0.1 + 0.51, request_id=rid)
-    b.meta["cpu_warning"] = True
-    b.meta["cpu_warnings"] = [{"t": 0, "worker": "local", "cpu_percent": 97}]
-    verdict = judge(b)
+    verdict = judge(cpu_warning(b))
     release = gate(verdict, "cancel_release_p99")
     assert release.status == Status.FAIL and release.value == float("inf")
     assert verdict.status == Status.FAIL
@@ -107,3 +107,31 @@ def test_a_lagging_simulator_excuses_a_breach_only_as_far_as_it_lagged(judge: Ju
     close = judge(releases(2.2))
     assert gate(close, "cancel_release_p99").status == Status.FAIL
     assert close.status == Status.INVALID
+
+
+PRIORITY_GATE = """
+  - id: priority_under_pressure
+    title: While lower-priority work waits, P95 TTFT of critical questions stays at most 900 ms
+    metric: ttft_under_pressure
+    filter: {priority: [critical], traffic_class: [short_qa]}
+    pass: "p(95) <= 900ms"
+    blocks: true
+"""
+
+
+def test_ttft_under_pressure_is_a_timing_and_a_starved_load_generator_cannot_prove_it(
+    tmp_path: Path,
+) -> None:
+    """Critical questions answered in 4 s while batch work waited: on trusted timings the
+    whole interval is past 900 ms and the run FAILs. The same run on a load generator over
+    its CPU budget is INVALID, because the metric declares itself a timing: the 4 s may be
+    the load generator's own lateness."""
+    b = critical(batch_waiting(RunBuilder(), 20.0, 60.0), 21.0, 100, ttft=4.0)
+    gates = load_gate_file(gate_file(tmp_path / "priority.yaml", PRIORITY_GATE))
+    trusted = evaluate(load_run(b.write(tmp_path / "trusted")), gates)
+    result = gate(trusted, "priority_under_pressure")
+    assert result.timing and result.value == 4.0 and not result.straddles
+    assert trusted.status == Status.FAIL
+    starved = evaluate(load_run(cpu_warning(b).write(tmp_path / "starved")), gates)
+    assert gate(starved, "priority_under_pressure").status == Status.FAIL
+    assert starved.status == Status.INVALID

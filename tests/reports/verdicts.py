@@ -5,9 +5,16 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from gates.metrics import REGISTRY
 from gates.verdict import GateResult, Status, Verdict
 
 TTFT_TITLE = "P95 TTFT of critical interactive requests at most 900 ms"
+
+
+def declared(metric: str) -> dict[str, Any]:
+    """What the registry declares of `metric`, as a gate result carries it."""
+    d = REGISTRY[metric]
+    return {"timing": d.timing, "cause": d.cause, "cause_weight": d.cause_weight}
 
 
 def ttft_gate(**changes: Any) -> GateResult:
@@ -25,6 +32,7 @@ def ttft_gate(**changes: Any) -> GateResult:
         n_samples=127,
         message="p(95) = 0.56 s is at most 0.9 s even at the interval's top (0.71 s)",
         filter={"traffic_class": ["short_qa"], "priority": ["critical"], "window": "all"},
+        **declared("ttft"),
         unit="s",
         interval=[0.49, 0.71],
         method="order statistics",
@@ -59,6 +67,7 @@ def oom_gate(**changes: Any) -> GateResult:
         n_samples=40,
         message="no OOM",
         filter={"window": "stress"},
+        **declared("oom_events"),
         unit="count",
     )
     return replace(gate, **changes)
