@@ -1,11 +1,12 @@
 """Which gates apply to a run: the data each gate needs against what its target can give.
 
 A gate declares `needs` (kinds of data, contract.servers.DATA_KINDS; "a|b" is either). A
-kind is available when the target's server profile (contract/profiles/, by meta.target.kind)
-provides it, or when the run's tables show it anyway (a hand-built run directory, a server
-giving more than its profile says). A gate whose need is neither is N/A, with the reason:
-the run is judged on the gates that apply. A kind the profile promises but the run lacks is
-not N/A but missing data, judged as such (a scrape that failed is a problem to see).
+kind is available when the target's server profile (the snapshot meta.json keeps, else
+contract/profiles/ by meta.target.kind: gates/run_profile.py) provides it, or when the
+run's tables show it anyway (a hand-built run directory, a server giving more than its
+profile says). A gate whose need is neither is N/A, with the reason: the run is judged on
+the gates that apply. A kind the profile promises but the run lacks is not N/A but missing
+data, judged as such (a scrape that failed is a problem to see).
 """
 
 from __future__ import annotations
@@ -23,7 +24,9 @@ GPU_MEMORY_METRICS = ("DCGM_FI_DEV_FB_USED", "kvgate_sim_gpu_memory_used_bytes")
 
 
 def target_profile(run: RunData) -> servers.ServerProfile:
-    return servers.profile(run.target_kind)
+    """The profile the run is judged by: its meta.json snapshot, else today's file, said so
+    in the verdict (gates/run_profile.py)."""
+    return run.profile
 
 
 def kv_usage_metrics() -> tuple[str, ...]:

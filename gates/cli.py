@@ -1,4 +1,8 @@
-"""`kvgate gate RUN_DIR [--gates FILE]`: judge a run.
+"""`kvgate gate RUN_DIR [--gates FILE] [--current-profiles]`: judge a run.
+
+The run is judged by the server profile its meta.json keeps (gates/run_profile.py), or with
+`--current-profiles` by today's profile files; the verdict's notes say which, when it is not
+the run's own.
 
 Exit codes: 0 pass, 3 fail, 4 marginal, 5 invalid, 2 usage (bad arguments, run directory or
 gate file, or verdict.json / junit.xml cannot be written).
@@ -34,6 +38,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--gates", type=Path, default=None, help="gate file (YAML); default: the built-in gates"
     )
+    p.add_argument(
+        "--current-profiles",
+        action="store_true",
+        help="judge by today's contract/profiles/ files, not the server profile the run kept "
+        "in meta.json (the verdict notes say which profile it used)",
+    )
     p.add_argument("--quiet", action="store_true", help="print only the verdict line")
     return p
 
@@ -47,6 +57,7 @@ def format_verdict(verdict: Verdict, quiet: bool = False, header: bool = True) -
     lines = [f"verdict: {verdict.status} (score {verdict.score:g}) for {verdict.run_dir}"]
     lines = lines if header else []
     lines += [f"  run: {p}" for p in verdict.run_problems]
+    lines += [f"  note: {n}" for n in verdict.notes]
     if quiet:
         return "\n".join(lines)
     for gate in verdict.gates:
@@ -73,7 +84,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exc:  # --help
         return 0 if exc.code in (0, None) else EXIT_USAGE
     try:
-        verdict = evaluate_run(args.run_dir, args.gates)
+        verdict = evaluate_run(args.run_dir, args.gates, current_profiles=args.current_profiles)
     except (RunDirError, GateSpecError) as exc:
         print(f"kvgate gate: {exc}", file=sys.stderr)
         return EXIT_USAGE

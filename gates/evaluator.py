@@ -82,6 +82,8 @@ def evaluate(run: RunData, gate_file: GateFile, gates_path: str = "builtin") -> 
     notes = [
         f"{name}.jsonl: dropped {n} truncated line(s)" for name, n in run.truncated_lines.items()
     ]
+    if run.profile_note:
+        notes.append(run.profile_note)
     aborted = run.meta.get("aborted")
     if isinstance(aborted, dict) and aborted.get("gate"):
         # a gate with abort_on_fail stopped the load: whatever the rest says, the run FAILs
@@ -99,6 +101,8 @@ def evaluate(run: RunData, gate_file: GateFile, gates_path: str = "builtin") -> 
         run_dir=str(run.path),
         gates_file=gates_path,
         notes=notes,
+        fail_score_below=gate_file.fail_score_below,
+        profile={"kind": run.profile.kind, "source": run.profile_source},
     )
 
 
@@ -244,6 +248,7 @@ def _unjudged(gate: GateSpec, definition: MetricDef) -> GateResult:
         cause_weight=definition.cause_weight,
         unit=definition.unit,
         confidence=gate.confidence,
+        spec=gate.resolved(),
     )
 
 
@@ -300,11 +305,15 @@ def _subject(rows: pd.DataFrame) -> pd.Series:
 
 
 def evaluate_run(
-    run_dir: Path, gates_file: Path | None = None, run: RunData | None = None
+    run_dir: Path,
+    gates_file: Path | None = None,
+    run: RunData | None = None,
+    current_profiles: bool = False,
 ) -> Verdict:
-    """Load, judge and write verdict.json and junit.xml into `run_dir`; returns the verdict."""
+    """Load, judge and write verdict.json and junit.xml into `run_dir`; returns the verdict.
+    `current_profiles`: judge by today's profile files, not the run's snapshot (load_run)."""
     gate_file = load_gate_file(gates_file)
-    data = run if run is not None else load_run(run_dir)
+    data = run if run is not None else load_run(run_dir, current_profiles=current_profiles)
     verdict = evaluate(data, gate_file, str(gates_file) if gates_file else "builtin")
     write_verdict(verdict, Path(run_dir))
     return verdict

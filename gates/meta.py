@@ -40,6 +40,9 @@ class RunMeta(_Open):
 
     plan: dict[str, Any] | None = None
     target: TargetMeta | None = None
+    # The server profile the run used, as the harness resolved it when the run started
+    # (gates/run_profile.py reads it back; contract.servers.ServerProfile is its shape).
+    target_profile: dict[str, Any] | None = None
     harness_version: Text | None = None
     t_start: Number | None = None
     t_end: Number | None = None

@@ -25,7 +25,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from contract import FaultEffect
-from gates import schema
+from contract.servers import ServerProfile
+from gates import run_profile, schema
 from gates.legacy import fill_fault_effects
 from gates.meta import meta_problems
 
@@ -69,6 +70,12 @@ class RunData:
     server_events: pd.DataFrame
     samples: pd.DataFrame
     faults: pd.DataFrame
+    # The server profile the run is judged by (gates/run_profile.py): the snapshot meta.json
+    # keeps, else a profile file as it is today; where it came from, and why it is not the
+    # run's own snapshot (None when it is).
+    profile: ServerProfile
+    profile_source: str
+    profile_note: str | None
     # table name -> where it came from ("parquet", "jsonl", "absent") and dropped lines.
     sources: dict[str, str] = field(default_factory=dict)
     truncated_lines: dict[str, int] = field(default_factory=dict)
@@ -108,15 +115,16 @@ class RunData:
 
     @property
     def target_kind(self) -> str | None:
-        """meta.target.kind: the server profile the run was made against (None: unknown, as
-        in a run directory built by hand)."""
+        """meta.target.kind: the kind of server the run was made against (None: unknown, as
+        in a run directory built by hand). What the gates read of it is `profile`."""
         target = self.meta.get("target")
         kind = target.get("kind") if isinstance(target, dict) else None
         return kind if isinstance(kind, str) else None
 
 
-def load_run(run_dir: Path | str) -> RunData:
-    """Read meta.json and the four tables of `run_dir`."""
+def load_run(run_dir: Path | str, current_profiles: bool = False) -> RunData:
+    """Read meta.json and the four tables of `run_dir`. The run is judged by the profile
+    snapshot its meta.json keeps; `current_profiles` asks for today's profile files."""
     path = Path(run_dir)
     if not path.exists():
         raise RunDirError(
@@ -127,6 +135,10 @@ def load_run(run_dir: Path | str) -> RunData:
             f"{path} is a file, not a run directory; pass the directory `kvgate run` made"
         )
     meta = read_meta(path)
+    try:
+        judged_by = run_profile.resolve(meta, current=current_profiles)
+    except run_profile.ProfileSnapshotError as exc:
+        raise RunDirError(f"{path / schema.META_FILE}: {exc}") from exc
     tables = {name: read_table(path, name) for name in schema.TABLES}
     return RunData(
         path=path,
@@ -135,6 +147,9 @@ def load_run(run_dir: Path | str) -> RunData:
         server_events=tables[schema.SERVER_EVENTS].frame,
         samples=tables[schema.SAMPLES].frame,
         faults=_fault_effects(tables[schema.FAULTS].frame, path),
+        profile=judged_by.profile,
+        profile_source=judged_by.source,
+        profile_note=judged_by.note,
         sources={name: table.source for name, table in tables.items()},
         truncated_lines={name: t.dropped for name, t in tables.items() if t.dropped},
     )

@@ -15,6 +15,12 @@ from __future__ import annotations
 import contract
 
 META_FILE = "meta.json"
+# What the gates wrote (gates/verdict.py, Verdict.to_dict): status, exit_code, score,
+# run_problems, notes (among them which profile the run was judged by, when not its own
+# snapshot), gates_file, fail_score_below, profile ({"kind", "source": "meta.json" or the
+# profile file}), and per gate its result (status, value, interval, n_samples, evidence, ...)
+# with `spec`: the gate as it judged (GateSpec.resolved: params over the metric's defaults),
+# which reports draw its charts with and `kvgate report --current-profiles` judges again by.
 VERDICT_FILE = "verdict.json"
 JUNIT_FILE = "junit.xml"
 
@@ -121,6 +127,8 @@ FLOAT_COLUMNS = frozenset(
 # meta.json keys that gates and reports rely on (all written by the harness):
 #   plan (dict), target (dict: url, kind, model, model_digest, runtime_version, gpu_sku,
 #   scheduler_config_digest, policy, replicas, config (dict of scheduler config values)),
+#   target_profile (dict: the server profile the run used, contract.servers.ServerProfile as
+#   JSON, written when the run starts; gates and reports judge by it, gates/run_profile.py),
 #   harness_version, hosts, t_start, t_end, seed,
 #   cpu_warning (bool), cpu_warnings (list of {t, worker, cpu_percent}),
 #   sim_lag_ms_p99 (float | None), sim_lag_bound_ms (float),
@@ -134,6 +142,7 @@ FLOAT_COLUMNS = frozenset(
 META_KEYS = (
     "plan",
     "target",
+    "target_profile",
     "harness_version",
     "t_start",
     "t_end",

@@ -173,6 +173,22 @@ class GateSpec(BaseModel):
         """Whether a FAIL of this gate fails the run by itself."""
         return self.key if self.blocks is None else self.blocks
 
+    def resolved(self) -> dict[str, Any]:
+        """This gate as it judges, in the gate file's own terms: every key after `extends`
+        and the defaults, `params` over the metric's defaults, `blocks` decided. verdict.json
+        keeps it, so whatever reads the verdict later (a report's chart, a re-judgement)
+        uses what the gate used, not what the metric's defaults are today; GateSpec reads
+        it back as it is."""
+        from gates.metrics import REGISTRY  # the registry imports this module
+
+        data = self.model_dump(mode="json", by_alias=True, exclude_none=True)
+        data["pass"] = self.pass_.text
+        if self.warn is not None:
+            data["warn"] = self.warn.text
+        data["params"] = {**REGISTRY[self.metric].params, **self.params}
+        data["blocks"] = self.blocking
+        return data
+
     @model_validator(mode="after")
     def _consistent(self) -> GateSpec:
         from gates.metrics import REGISTRY  # the registry imports this module

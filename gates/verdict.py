@@ -7,6 +7,10 @@ from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from pydantic import ValidationError
+
+from gates.spec import GateFile, GateSpecError
+
 
 class Cause(StrEnum):
     """What a gate's failure points to when a candidate is compared with its baseline
@@ -105,6 +109,9 @@ class GateResult:
     censored: int = 0
     # A FAIL of this gate fails the run by itself (the gate file's `blocks`, else `key`).
     blocks: bool = False
+    # The gate as it judged (GateSpec.resolved): every key after `extends` and the defaults,
+    # params over the metric's defaults. Empty in a verdict.json written before it was kept.
+    spec: dict[str, Any] = field(default_factory=dict)
 
     def timing_could_fake(self) -> bool:
         """Whether untrusted timings could explain this gate's value (`timing_could_fake`)."""
@@ -154,6 +161,11 @@ class Verdict:
     run_dir: str
     gates_file: str
     notes: list[str] = field(default_factory=list)
+    # The gate file's score floor, and the server profile the gates read: its kind and where
+    # it came from (the snapshot in meta.json, or a profile file as it is today). None / empty
+    # in a verdict.json written before they were kept.
+    fail_score_below: float | None = None
+    profile: dict[str, str] = field(default_factory=dict)
 
     @property
     def exit_code(self) -> int:
@@ -202,7 +214,31 @@ class Verdict:
             run_dir=str(data["run_dir"]),
             gates_file=str(data["gates_file"]),
             notes=list(data.get("notes", [])),
+            fail_score_below=data.get("fail_score_below"),
+            profile=dict(data.get("profile") or {}),
         )
+
+    def gate_file(self) -> GateFile:
+        """The gates this verdict was judged by, rebuilt from what it keeps of each, so the
+        run can be judged again by the same gates whatever the gate files say today."""
+        kept = [g.spec for g in self.gates]
+        if not kept or not all(kept) or self.fail_score_below is None:
+            raise GateSpecError(
+                f"the verdict of {self.run_dir} does not keep the gates it was judged by (it "
+                "was written by an older kvgate); judge the run again with `kvgate gate "
+                "RUN_DIR --gates FILE`"
+            )
+        try:
+            return GateFile.model_validate(
+                {"fail_score_below": self.fail_score_below, "gates": kept}
+            )
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            raise GateSpecError(
+                f"the gates the verdict of {self.run_dir} keeps do not read back "
+                f"({'.'.join(map(str, first['loc']))}: {first['msg']}); judge the run again "
+                "with `kvgate gate RUN_DIR --gates FILE`"
+            ) from exc
 
 
 def _with_declarations(gate: dict[str, Any]) -> dict[str, Any]:

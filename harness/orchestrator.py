@@ -25,7 +25,7 @@ import gevent
 from locust.runners import STATE_STOPPED
 from rich.console import Console
 
-from gates import schema
+from gates import run_profile, schema
 from gates.rundir import read_table
 from harness import rundir, summary
 from harness.faults.admin import ReplicaAdmin
@@ -40,7 +40,7 @@ from harness.samplers.nvml import describe_gpus, load_pynvml
 from harness.samplers.process import SamplerConfig
 from harness.sink import RecordSink
 from harness.target import Deployment, ManagedVllmDeployment, RunningTarget, make_deployment
-from harness.traffic import build_shape, build_user_classes
+from harness.traffic import build_shape, build_user_classes, target_profile
 from harness.watch import RunWatch
 from harness.webui import LiveState, blueprint, require_token
 from workloads.prompts import generator_for
@@ -106,6 +106,9 @@ class Orchestrator:
         self.progress: Progress | None = None
         self.shape: Any = None
         self.gpus: list[dict[str, Any]] = []
+        # The server profile the run uses, kept in meta.json from its first write, so judging
+        # the run again later reads what it was made with, not the profile files of that day.
+        self.profile = target_profile(plan)
 
     # -- the sequence ----------------------------------------------------------------------
 
@@ -503,7 +506,8 @@ class Orchestrator:
             "status": status,
             "error": error,
             "plan": json.loads(self.plan.model_dump_json()),
-            "target": self.target_meta or {"kind": self.plan.target.type},
+            "target": self.target_meta or {"kind": self.profile.kind},
+            run_profile.SNAPSHOT_KEY: run_profile.snapshot(self.profile),
             "harness_version": summary.harness_version(),
             "versions": summary.versions(),
             "hosts": [summary.host_info(), *self._worker_hosts()],

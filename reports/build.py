@@ -19,12 +19,12 @@ from typing import Any
 import numpy as np
 
 from gates import schema
-from gates.evaluator import evaluate_run
+from gates.evaluator import evaluate, evaluate_run
 from gates.metrics import REGISTRY
 from gates.metrics_capacity import curve as capacity_curve
 from gates.metrics_security import side_channel
 from gates.rundir import RunData, load_run
-from gates.spec import GateFilter
+from gates.spec import GateFilter, GateSpecError, load_gate_file
 from gates.verdict import Status, Verdict, _clean
 from reports.charts import Line, LineChart, Rendered, env, render
 from reports.figures import FIGURES
@@ -53,6 +53,23 @@ def load_verdict(run_dir: Path, run: RunData) -> Verdict:
         except (json.JSONDecodeError, KeyError, TypeError, ValueError):
             pass  # stale or damaged: judge again below
     return evaluate_run(run_dir, run=run)
+
+
+def judge_again(run_dir: Path, run: RunData) -> Verdict:
+    """`run` judged again by the gates its verdict.json keeps (the built-in gates when the
+    run has no verdict yet), over whatever profile `run` was loaded with; writes nothing,
+    so the run's own verdict stays as it was judged."""
+    path = run_dir / schema.VERDICT_FILE
+    if not path.is_file():
+        return evaluate(run, load_gate_file())
+    try:
+        kept = Verdict.from_dict(json.loads(path.read_text()))
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+        raise GateSpecError(
+            f"{path} cannot be read ({type(exc).__name__}: {exc}); judge the run again with "
+            "`kvgate gate RUN_DIR --gates FILE`"
+        ) from exc
+    return evaluate(run, kept.gate_file(), kept.gates_file)
 
 
 def write_reports(
@@ -140,13 +157,16 @@ def _run_facts(run: RunData) -> dict[str, Any]:
 
 def trend_charts(run: RunData, verdict: Verdict) -> list[LineChart]:
     """For each drift gate (a `series` metric) that judged: its value per window and the
-    fitted line whose slope it judged."""
+    fitted line whose slope it judged, computed with the gate's own parameters as its
+    verdict keeps them (a soak's 30 s windows are drawn as 30 s windows)."""
     charts = []
     for gate in verdict.gates:
         definition = REGISTRY.get(gate.metric)
         if definition is None or definition.kind != "series" or gate.status == Status.NA:
             continue
-        obs = definition.compute(run, GateFilter(**gate.filter), {})
+        kept = gate.spec.get("params")
+        params = kept if isinstance(kept, dict) else {}
+        obs = definition.compute(run, GateFilter(**gate.filter), params)
         if obs.n_samples < 2:
             continue
         minutes = (obs.frame["t"].to_numpy(dtype=float) - run.t_start) / 60.0
@@ -162,7 +182,13 @@ def trend_charts(run: RunData, verdict: Verdict) -> list[LineChart]:
                     Line("per window", list(minutes), list(values)),
                     Line("fitted", list(minutes), list(intercept + slope * minutes)),
                 ],
-                caption="The gate judges the fitted line's slope per hour, with its interval.",
+                caption="The gate judges the fitted line's slope per hour, with its interval."
+                + (
+                    ""
+                    if isinstance(kept, dict)
+                    else " Drawn with the metric's default parameters: this verdict.json "
+                    "does not keep the gate's."
+                ),
             )
         )
     return charts

@@ -1,4 +1,4 @@
-"""`kvgate report RUN_DIR`: write report.html, summary.md, report.json.
+"""`kvgate report RUN_DIR [--current-profiles]`: write report.html, summary.md, report.json.
 
 Exit codes: 0 written; 2 bad input (arguments, run directory, gate file) or an output that
 cannot be written.
@@ -11,10 +11,16 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from gates.rundir import RunDirError, unwritable
+from gates.rundir import RunDirError, load_run, unwritable
 from gates.spec import GateSpecError
 from gates.verdict import EXIT_USAGE
-from reports.build import write_reports
+from reports.build import judge_again, write_reports
+
+CURRENT_PROFILES = (
+    "read the run by today's contract/profiles/ files, not the server profile it kept in "
+    "meta.json (the report then judges it again, by the gates its verdict.json keeps, and "
+    "leaves verdict.json as it was)"
+)
 
 
 class UsageError(Exception):
@@ -44,17 +50,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="kvgate report", description="Write the HTML, Markdown and JSON reports of a run."
     )
     parser.add_argument("run_dir", type=Path, help="the run directory `kvgate run` wrote")
+    parser.add_argument("--current-profiles", action="store_true", help=CURRENT_PROFILES)
     args = parse(parser, argv)
     if isinstance(args, int):
         return args
     try:
-        paths = write_reports(args.run_dir)
+        run = load_run(args.run_dir, current_profiles=args.current_profiles)
+        # Judged again only when asked for today's profiles: the run's verdict was judged by
+        # its own, and stays as it is.
+        verdict = judge_again(args.run_dir, run) if args.current_profiles else None
+        paths = write_reports(args.run_dir, run=run, verdict=verdict)
     except (RunDirError, GateSpecError) as exc:
         print(f"kvgate report: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except OSError as exc:  # the reader turns its own OSErrors into RunDirError: this is a write
         print(f"kvgate report: {unwritable(exc)}", file=sys.stderr)
         return EXIT_USAGE
+    if run.profile_note:
+        print(f"kvgate report: {run.profile_note}")
     for path in paths.values():
         print(f"wrote {path}")
     return 0

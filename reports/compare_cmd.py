@@ -1,4 +1,6 @@
-"""`kvgate compare CANDIDATE_RUN BASELINE_RUN [--out DIR] [--gates FILE]`: the rollback decision.
+"""`kvgate compare CANDIDATE_RUN BASELINE_RUN [--out DIR] [--gates FILE] [--current-profiles]`:
+the rollback decision, each run judged by the server profile its meta.json keeps (or by
+today's profile files with --current-profiles).
 
 Writes rollback.md and rollback.json (into the candidate run, or --out); exits 0 promote,
 4 hold, 3 rollback, 2 usage (bad arguments, run directories or gate file, or an output that
@@ -50,12 +52,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--gates", type=Path, default=None, help="gate file (YAML); default: the built-in gates"
     )
+    parser.add_argument(
+        "--current-profiles",
+        action="store_true",
+        help="judge both runs by today's contract/profiles/ files, not the server profile "
+        "each kept in meta.json",
+    )
     args = parse(parser, argv)
     if isinstance(args, int):
         return args
     try:
         gate_file = load_gate_file(args.gates)
-        comparison = compare_runs(load_run(args.candidate), load_run(args.baseline), gate_file)
+        candidate = load_run(args.candidate, current_profiles=args.current_profiles)
+        baseline = load_run(args.baseline, current_profiles=args.current_profiles)
+        comparison = compare_runs(candidate, baseline, gate_file)
     except (RunDirError, GateSpecError) as exc:
         print(f"kvgate compare: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -64,6 +74,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as exc:
         print(f"kvgate compare: {unwritable(exc)}", file=sys.stderr)
         return EXIT_USAGE
+    for name, run in (("candidate", candidate), ("baseline", baseline)):
+        if run.profile_note:
+            print(f"{name}: {run.profile_note}")
     print(
         f"decision: {comparison.decision}"
         + (

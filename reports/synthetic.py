@@ -19,7 +19,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 import contract
-from gates import schema
+from contract import servers
+from gates import run_profile, schema
 
 T0 = 1_767_225_600.0  # 2026-01-01T00:00:00Z
 # Security probes come in linked groups, so they are written as rows of their own (`_probes`).
@@ -129,6 +130,8 @@ def _meta(line: Timeline, flavour: Flavour, seed: int) -> dict[str, Any]:
                 "tenant_max_share": contract.TENANT_MAX_SHARE,
             },
         },
+        # what the harness keeps of the profile the run used (gates/run_profile.py)
+        run_profile.SNAPSHOT_KEY: run_profile.snapshot(servers.profile("reference")),
         "harness_version": "synthetic",
         "hosts": ["localhost"],
         "t_start": T0,

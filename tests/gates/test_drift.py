@@ -9,8 +9,11 @@ import pytest
 
 from gates.estimate import estimate
 from gates.evaluator import evaluate_run
+from gates.rundir import load_run
 from gates.spec import Threshold
 from gates.verdict import Status
+from reports.build import load_verdict, trend_charts
+from reports.charts import LineChart
 from tests.gates.builder import T0, RunBuilder
 
 SOAK_GATES = Path(__file__).resolve().parents[2] / "harness" / "plans" / "soak.gates.yaml"
@@ -91,3 +94,40 @@ def test_the_report_draws_each_drift_trend_with_its_fitted_line(tmp_path: Path) 
     html = write_reports(run, verdict=verdict)["html"].read_text()
     assert 'id="trend-memory_floor_flat"' in html or "trend-memory_floor_flat" in html
     assert html.count("The gate judges the fitted line") >= 4
+
+
+SOAK_LEAK_GATES = SOAK_GATES.with_name("soak-leak.gates.yaml")  # memory_floor per 30 s
+
+
+def drift_chart(run: Path, gate_id: str) -> LineChart | None:
+    """The report's drift chart of `gate_id`, drawn from the verdict as verdict.json keeps it."""
+    data = load_run(run)
+    charts = trend_charts(data, load_verdict(run, data))
+    return next((c for c in charts if c.id == f"trend-{gate_id}"), None)
+
+
+def test_the_drift_chart_is_drawn_with_the_gates_own_window(tmp_path: Path) -> None:
+    """soak-leak judges memory_floor per 30 s window, not the metric's 120 s: the chart
+    shows the windows the gate judged, read from verdict.json."""
+    run = soak(0.2, leak_per_hour=0.1).write(tmp_path / "run")  # 12 minutes of load
+    verdict = evaluate_run(run, gates_file=SOAK_LEAK_GATES)
+    judged = next(g for g in verdict.gates if g.id == "memory_floor_flat")
+    chart = drift_chart(run, "memory_floor_flat")
+    assert chart is not None
+    per_window = next(line for line in chart.lines if line.name == "per window")
+    assert len(per_window.xs) == judged.n_samples == 24  # 12 minutes / 30 s, not / 120 s
+    assert per_window.xs[1] - per_window.xs[0] == pytest.approx(0.5)  # minutes apart
+    assert judged.spec["params"] == {"window_s": 30}
+
+
+def test_a_soak_aborted_early_keeps_its_drift_chart(tmp_path: Path) -> None:
+    """Two and a half minutes of load hold five 30 s windows but not two of 120 s: the
+    aborted soak's chart is drawn from the windows its gate judged."""
+    b = soak(150 / HOUR, leak_per_hour=2.0)
+    b.meta["aborted"] = {"gate": "memory_floor_flat", "at_s": 160.0, "message": "slope"}
+    run = b.write(tmp_path / "run")
+    verdict = evaluate_run(run, gates_file=SOAK_LEAK_GATES)
+    judged = next(g for g in verdict.gates if g.id == "memory_floor_flat")
+    assert verdict.status == Status.FAIL and judged.n_samples == 5
+    chart = drift_chart(run, "memory_floor_flat")
+    assert chart is not None and len(chart.lines[0].xs) == 5
