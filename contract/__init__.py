@@ -7,16 +7,33 @@ This is a top-level package, not part of `gates` or `harness`, because every sta
 import it: the server (which the harness reaches only over HTTP and never imports),
 the workloads (which may not import harness, gates or reports), the harness, the gates and
 the reports. It imports nothing but the standard library, so importing it never drags one
-stage into another.
+stage into another. contract/README.md says what lives where.
 """
 
 from __future__ import annotations
 
+import enum
 import math
 from dataclasses import dataclass
 from enum import StrEnum
 from types import MappingProxyType
 from typing import Final
+
+# The enums and records, re-exported: `from contract import Outcome`. Their groupings
+# (contract.enums), the percentile (contract.quantiles) and the seed's numbers
+# (contract.seed) are imported from their modules.
+from contract.enums import RETRY_STATUSES as RETRY_STATUSES
+from contract.enums import EventKind as EventKind
+from contract.enums import Outcome as Outcome
+from contract.enums import Priority as Priority
+from contract.enums import RejectCause as RejectCause
+from contract.enums import RejectCode as RejectCode
+from contract.enums import rejection_cause as rejection_cause
+from contract.records import REQUEST_COLUMNS as REQUEST_COLUMNS
+from contract.records import SERVER_EVENT_COLUMNS as SERVER_EVENT_COLUMNS
+from contract.records import RequestRecord as RequestRecord
+from contract.records import ServerEvent as ServerEvent
+from contract.seed import SEED
 
 # -- what a request is --------------------------------------------------------------------
 
@@ -46,61 +63,12 @@ USER_CLASSES: Final = (
     "batch",
     "security_probe",
 )
-# Highest first: the order in which a scheduler serves and protects them.
-PRIORITIES: Final = ("critical", "interactive", "batch")
-
-# How every request ends, as the load generator classifies it.
-OUTCOMES: Final = (
-    "ok",
-    "cancelled",
-    "rejected",
-    "error",
-    "timeout",
-    "disconnected",
-    "protocol_error",
-)
-
-# -- how a server says no -------------------------------------------------------------------
-
-# The OpenAI error `code` of a refusal and its HTTP status.
-REJECT_STATUS: Final = MappingProxyType(
-    {
-        "tenant_quota": 429,
-        "capacity": 503,
-        "deadline_expired": 503,
-        "too_long": 400,
-        "priority_not_allowed": 403,
-    }
-)
-REJECT_CODES: Final = tuple(REJECT_STATUS)
-# Why a server refused: `capacity` (no room: the pool, a watermark, a full queue, a queue
-# deadline) is the server's limit; `policy` (a tenant's quota, a priority its key lacks) is a
-# rule applied to one tenant. A capacity test's knee is where capacity refusals start;
-# policy refusals are reported beside it and never end the ramp.
-REJECT_CAUSES: Final = MappingProxyType(
-    {
-        "capacity": ("capacity", "deadline_expired", "queue_full"),
-        "policy": ("tenant_quota", "priority_not_allowed", "priority_budget"),
-    }
-)
-
-
-def rejection_cause(http_status: float | None, error_code: str | None) -> str | None:
-    """`capacity`, `policy` or None for one refused request: by its error code when a
-    server names one (REJECT_CAUSES), else by status (503: capacity, 429: policy)."""
-    for cause, codes in REJECT_CAUSES.items():
-        if error_code in codes:
-            return cause
-    if http_status == 503:
-        return "capacity"
-    if http_status == 429:
-        return "policy"
-    return None
-
-
-# Statuses that mean "not now": they carry Retry-After, and a client counts them as refused
-# whatever the body says. An explicit refusal is one of these, not a timeout.
-RETRY_STATUSES: Final = (429, 503)
+# The values of the enums, for Literal annotations and argparse choices (whose messages
+# show a member as its repr); Priority's are in rank order, highest first.
+PRIORITIES: Final = tuple(p.value for p in Priority)
+OUTCOMES: Final = tuple(o.value for o in Outcome)
+REJECT_CODES: Final = tuple(c.value for c in RejectCode)
+SERVER_EVENT_KINDS: Final = tuple(k.value for k in EventKind)
 
 # -- the system under test ------------------------------------------------------------------
 
@@ -118,74 +86,76 @@ DEFAULT_MODEL: Final = "llama-3-8b"
 # accident, and the detection matrix says so).
 
 
+class Mutant(enum.StrEnum):
+    SLOW_RELEASE = "slow_release"
+    LEAK_ON_CANCEL = "leak_on_cancel"
+    NO_TENANT_CAP = "no_tenant_cap"
+    DROP_PREEMPTED = "drop_preempted"
+    PREEMPT_BY_AGE = "preempt_by_age"
+    BATCH_IGNORES_PEAK = "batch_ignores_peak"
+    QUEUE_INSTEAD_OF_REFUSE = "queue_instead_of_refuse"
+    DOUBLE_HOLD_AFTER_FAILOVER = "double_hold_after_failover"
+    UNDERESTIMATE_KV = "underestimate_kv"
+    TRUST_PRIORITY_HEADER = "trust_priority_header"
+    SHARED_PRIVATE_PREFIX = "shared_private_prefix"
+
+
 @dataclass(frozen=True, slots=True)
 class MutantSpec:
     gates: tuple[str, ...]  # the gates that must catch it, the most direct first
     summary: str  # one line: what the bug does
 
 
-MUTANTS: Final = MappingProxyType(
+_SPECS: Final = MappingProxyType(
     {
-        "slow_release": MutantSpec(
+        Mutant.SLOW_RELEASE: MutantSpec(
             ("cancel_release_p99",), "the blocks of a cancelled request are freed 3 s late"
         ),
-        "leak_on_cancel": MutantSpec(
+        Mutant.LEAK_ON_CANCEL: MutantSpec(
             ("cancel_release_p99", "memory_back_to_idle"),
             "one cancellation in 20 never releases its blocks",
         ),
-        "no_tenant_cap": MutantSpec(
+        Mutant.NO_TENANT_CAP: MutantSpec(
             ("tenant_share_cap",), "the hard cap on one tenant's share of the pool is not enforced"
         ),
-        "drop_preempted": MutantSpec(
+        Mutant.DROP_PREEMPTED: MutantSpec(
             ("preempted_complete",), "preempted requests are aborted instead of resumed"
         ),
-        "preempt_by_age": MutantSpec(
+        Mutant.PREEMPT_BY_AGE: MutantSpec(
             ("critical_not_preempted", "ttft_critical_p95", "preempted_complete"),
             "victims are the newest running requests, whatever their priority or value",
         ),
-        "batch_ignores_peak": MutantSpec(
+        Mutant.BATCH_IGNORES_PEAK: MutantSpec(
             ("batch_stops_at_peak",),
             "batch work is admitted and prefilled whatever the pool's pressure",
         ),
-        "queue_instead_of_refuse": MutantSpec(
+        Mutant.QUEUE_INSTEAD_OF_REFUSE: MutantSpec(
             ("low_priority_explicit_errors",),
             "low-priority requests wait in the queue until the client gives up, instead of a "
             "429/503 with Retry-After",
         ),
-        "double_hold_after_failover": MutantSpec(
+        Mutant.DOUBLE_HOLD_AFTER_FAILOVER: MutantSpec(
             ("failover_no_double_reservation",),
             "a request retried on another replica stays reserved on the dead one",
         ),
-        "underestimate_kv": MutantSpec(
+        Mutant.UNDERESTIMATE_KV: MutantSpec(
             ("no_oom",),
             "a request's KV estimate leaves out its output allowance (max_tokens), and the "
             "scheduler counts commitments from that estimate",
         ),
-        "trust_priority_header": MutantSpec(
+        Mutant.TRUST_PRIORITY_HEADER: MutantSpec(
             ("priority_escalation",),
             "the client's X-Priority is honoured beyond what its API key allows",
         ),
-        "shared_private_prefix": MutantSpec(
+        Mutant.SHARED_PRIVATE_PREFIX: MutantSpec(
             ("private_prefix_isolation",),
             "private prefixes are cached without the tenant in their key, so tenants share them",
         ),
     }
 )
-
-# The server's per-request events, plus the replica lifecycle rows the harness observes.
-SERVER_EVENT_KINDS: Final = (
-    "admitted",
-    "queued",
-    "rejected",
-    "preempted",
-    "resumed",
-    "finished",
-    "cancelled",
-    "released",
-    "replica_started",
-    "replica_died",
-    "oom",
-)
+# Every mutant's spec by its name (plain text keys: a plan's Literal and an argparse choice
+# show them as written).
+MUTANTS: Final = MappingProxyType({m.value: _SPECS[m] for m in Mutant})
 
 # The reason a `preempted` event gives when the replica's own usage was past the hard
 # watermark (it could run out of memory): the one case in which the seed policy may take
@@ -194,39 +164,6 @@ PREEMPT_AT_RISK: Final = "at_risk"
 
 # -- one row per request --------------------------------------------------------------------
 
-# The `requests` table's columns, in order; the workloads' record has exactly these fields.
-REQUEST_COLUMNS: Final = (
-    "request_id",  # str, also sent as X-Request-Id
-    "traffic_class",  # one of TRAFFIC_CLASSES
-    "tenant",  # str
-    "priority",  # one of PRIORITIES
-    "api_key_name",  # str | None: which key of the tenant was used (never the key itself)
-    "replica",  # str | None: X-Replica response header
-    "worker",  # str: the load-generator process that sent it
-    "t_send",  # float epoch s
-    "ttft_s",  # float | None: first chunk carrying content
-    "e2e_s",  # float | None: send to end of stream / body
-    "itl_mean_s",  # float | None: inter-token (chunk) gaps
-    "itl_p50_s",
-    "itl_p99_s",
-    "itl_max_s",
-    "chunks",  # int: content chunks received
-    "prompt_tokens",  # int | None: from the server's usage
-    "completion_tokens",  # int | None
-    "cached_tokens",  # int | None: usage.prompt_tokens_details.cached_tokens
-    "target_prompt_tokens",  # int: what the workload aimed for
-    "max_tokens",  # int | None: what was asked for
-    "outcome",  # one of OUTCOMES
-    "http_status",  # int | None
-    "error_code",  # str | None: OpenAI error.code, or the client's own classification
-    "error_message",  # str | None
-    "retry_after_s",  # float | None
-    "cancel_at",  # float | None: epoch s the client closed the connection on purpose
-    "finish_reason",  # str | None
-    "asked_priority",  # str | None: the X-Priority header sent (None when none was)
-    "probe",  # str | None: a security probe's role, one of PROBE_ROLES (None: ordinary traffic)
-    "probe_group",  # str | None: links the requests of one private-prefix probe
-)
 # What a security probe request is for: asking a priority its key does not allow, or one of
 # the three requests of a private-prefix probe (tenant A warms a private prefix, tenant B
 # sends the identical prompt, and B sends one of the same shape that nothing can have cached).
@@ -237,7 +174,7 @@ PROBE_ROLES: Final = ("escalation", "prefix_warm", "prefix_probe", "prefix_contr
 
 TTFT_CRITICAL_P95_S: Final = 0.9  # p95 time to first token of critical traffic, at most
 CANCEL_RELEASE_P99_S: Final = 2.0  # p99 cancel to blocks released, under
-TENANT_MAX_SHARE: Final = 0.15  # no tenant holds more of the KV pool than this
+TENANT_MAX_SHARE: Final = SEED.tenant_max_share  # no tenant holds more of the pool than this
 PREEMPTED_COMPLETION_MIN: Final = 0.99  # share of preempted requests that finish, above
 # The SLO a request must meet to count as goodput (DistServe's definition: served, first token
 # within its class's TTFT limit, and each later token within TPOT).

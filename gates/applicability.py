@@ -15,10 +15,18 @@ from collections.abc import Callable
 
 import pandas as pd
 
-from contract import servers
+from contract import EventKind, servers
 from gates.rundir import RunData
 
-REQUEST_EVENTS = ("admitted", "queued", "preempted", "released", "finished", "cancelled")
+# The request events only a scheduler that logs them gives.
+REQUEST_EVENTS = (
+    EventKind.ADMITTED,
+    EventKind.QUEUED,
+    EventKind.PREEMPTED,
+    EventKind.RELEASED,
+    EventKind.FINISHED,
+    EventKind.CANCELLED,
+)
 RELEASE_HISTOGRAM = "kvgate_release_latency_seconds_bucket"
 GPU_MEMORY_METRICS = ("DCGM_FI_DEV_FB_USED", "kvgate_sim_gpu_memory_used_bytes")
 
@@ -49,17 +57,17 @@ SEEN: dict[str, Callable[[RunData], bool]] = {
     "granted_priority": lambda run: bool(_events(run, REQUEST_EVENTS)["priority"].notna().any()),
     "tenant_share": lambda run: (
         _has_metric(run, ("kvgate_tenant_pool_share",))
-        or bool(_events(run, ("admitted",))["tenant"].notna().any())
+        or bool(_events(run, (EventKind.ADMITTED,))["tenant"].notna().any())
     ),
     "gateway_ledger": lambda run: _has_metric(run, ("kvgate_gateway_ledger_drift_tokens",)),
     "kv_usage": lambda run: _has_metric(run, kv_usage_metrics()),
     "gpu_memory": lambda run: _has_metric(run, GPU_MEMORY_METRICS),
     "release_timing": lambda run: (
-        not _events(run, ("released",)).empty or _has_metric(run, (RELEASE_HISTOGRAM,))
+        not _events(run, (EventKind.RELEASED,)).empty or _has_metric(run, (RELEASE_HISTOGRAM,))
     ),
     "cached_tokens": lambda run: bool(run.requests["cached_tokens"].notna().any()),
     "preemption_count": lambda run: (
-        not _events(run, ("preempted",)).empty
+        not _events(run, (EventKind.PREEMPTED,)).empty
         or _has_metric(run, servers.metric_names("preemptions"))
     ),
 }

@@ -16,7 +16,8 @@ import numpy as np
 import pandas as pd
 
 import contract
-from contract import servers
+from contract import Outcome, servers
+from contract.quantiles import censored_latency
 from gates.registry import Cause, Observations, metric
 from gates.rundir import RunData
 from gates.spec import GateFilter
@@ -34,12 +35,13 @@ def met_slo(rows: pd.DataFrame) -> pd.Series:
     limit = rows["priority"].map(dict(contract.GOODPUT_TTFT_S)).fillna(np.inf)
     ttft_ok = rows["ttft_s"].le(limit)
     tpot_ok = rows["itl_mean_s"].isna() | rows["itl_mean_s"].le(contract.GOODPUT_TPOT_S)
-    return rows["outcome"].eq("ok") & ttft_ok & tpot_ok
+    return rows["outcome"].eq(Outcome.OK) & ttft_ok & tpot_ok
 
 
 def curve(run: RunData) -> pd.DataFrame:
     """One row per step: users, seconds, sent, completed/s, goodput/s, TTFT p50/p95 by
-    priority, TPOT mean, pool usage (mean), refusals by cause."""
+    priority (+inf once the server left enough requests unanswered), TPOT mean, pool usage
+    (mean), refusals by cause."""
     found = steps(run)
     if not found:
         return pd.DataFrame()
@@ -56,7 +58,7 @@ def curve(run: RunData) -> pd.DataFrame:
             "t0": t0,
             "seconds": round(seconds, 1),
             "sent": len(rows),
-            "completed_per_s": float(rows["outcome"].eq("ok").sum()) / seconds,
+            "completed_per_s": float(rows["outcome"].eq(Outcome.OK).sum()) / seconds,
             "goodput_per_s": float(met_slo(rows).sum()) / seconds,
             "tpot_mean_s": float(rows["itl_mean_s"].mean())
             if rows["itl_mean_s"].notna().any()
@@ -64,15 +66,22 @@ def curve(run: RunData) -> pd.DataFrame:
             "pool_usage": _mean_in(usage, t0, t1),
             "refused_capacity": int(step.get("rejected_capacity") or 0),
             "refused_policy": int(step.get("rejected_policy") or 0),
-            "timeouts": int(rows["outcome"].eq("timeout").sum()),
+            "timeouts": int(rows["outcome"].eq(Outcome.TIMEOUT).sum()),
         }
         for priority, group in rows.groupby("priority"):
-            ttft = group["ttft_s"].dropna().to_numpy(dtype=float)
+            ttft = _ttft_as_gates_count(group)
             if len(ttft):
                 row[f"ttft_p50_{priority}"] = percentile(ttft, 50)
                 row[f"ttft_p95_{priority}"] = percentile(ttft, 95)
         out.append(row)
     return pd.DataFrame(out)
+
+
+def _ttft_as_gates_count(rows: pd.DataFrame) -> list[float]:
+    """TTFTs as the ttft gate and the SLO knee count them: +inf for a request the server
+    never answered, a client's cancel or a 4xx refusal left out (censored_latency)."""
+    counted = map(censored_latency, rows["ttft_s"], rows["outcome"], rows["http_status"])
+    return [value for value in counted if value is not None]
 
 
 def _mean_in(samples: pd.DataFrame, t0: float, t1: float) -> float | None:

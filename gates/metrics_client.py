@@ -23,13 +23,14 @@ from typing import Any
 import pandas as pd
 
 import contract
+from contract import Outcome
+from contract.enums import FAILED_OUTCOMES
 from gates.metrics_requests import REQUEST_FILTERS, _describe, _evidence, cut_short
 from gates.registry import Cause, Observations, metric
 from gates.rundir import RunData
 from gates.spec import GateFilter
 from gates.windows import select
 
-FAILED_ENDINGS = ("error", "timeout", "disconnected", "protocol_error")
 TOP_ERRORS = 5
 
 
@@ -39,7 +40,7 @@ def _judged(run: RunData, flt: GateFilter) -> tuple[pd.DataFrame, list[str]] | s
     if isinstance(rows, str):
         return rows
     probes = rows["probe"].notna() if "probe" in rows else pd.Series(False, index=rows.index)
-    cancelled = rows["outcome"].eq("cancelled")  # only ever the client's doing
+    cancelled = rows["outcome"].eq(Outcome.CANCELLED)  # only ever the client's doing
     cut = cut_short(run, rows)
     kept = rows[~probes & ~cancelled & ~cut]
     notes = []
@@ -56,7 +57,7 @@ def _judged(run: RunData, flt: GateFilter) -> tuple[pd.DataFrame, list[str]] | s
 def request_failed(outcome: str, http_status: float | None, retry_after_s: float | None) -> bool:
     """One request's `failed`, for code that sees requests one at a time (the run's early
     stop); `failed` below is the same rule over a table."""
-    if outcome in FAILED_ENDINGS:
+    if outcome in FAILED_OUTCOMES:
         return True
     if http_status is None or http_status != http_status:  # None or NaN: no status
         return False
@@ -70,7 +71,7 @@ def failed(rows: pd.DataFrame) -> pd.Series:
     shed = status.isin(contract.RETRY_STATUSES) & rows["retry_after_s"].notna()
     server_error = status.ge(500) & ~shed
     client_error = status.ge(400) & status.lt(500) & status.ne(429)
-    ended_badly = rows["outcome"].isin(FAILED_ENDINGS)
+    ended_badly = rows["outcome"].isin(FAILED_OUTCOMES)
     return (ended_badly | server_error | client_error).fillna(False).astype(bool)
 
 
@@ -137,7 +138,7 @@ def timeouts_disconnects(run: RunData, flt: GateFilter, params: Mapping[str, Any
     if isinstance(judged, str):
         return Observations.none(judged)
     rows, notes = judged
-    hit = rows["outcome"].isin(("timeout", "disconnected"))
+    hit = rows["outcome"].isin((Outcome.TIMEOUT, Outcome.DISCONNECTED))
     frame = _evidence(rows, hit.astype(float), "t_send")
     frame["detail"] = frame["detail"] + " " + failure_label(rows).to_numpy()
     counts = rows.loc[hit, "outcome"].value_counts()

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from contract import servers
+from contract import Outcome, servers
 from gates.registry import Cause, Observations, metric
 from gates.rundir import RunData
 from gates.spec import GateFilter
@@ -165,7 +165,7 @@ def ttft_p95_trend(run: RunData, flt: GateFilter, params: Mapping[str, Any]) -> 
         run,
         flt,
         params,
-        lambda rows: rows[~rows["outcome"].eq("cancelled")]["ttft_s"].fillna(np.inf),
+        lambda rows: rows[~rows["outcome"].eq(Outcome.CANCELLED)]["ttft_s"].fillna(np.inf),
         lambda r: percentile(r["value"].to_numpy(dtype=float), 95),
         "TTFT p95 (s)",
     )
@@ -187,7 +187,7 @@ def rejection_rate_trend(run: RunData, flt: GateFilter, params: Mapping[str, Any
         run,
         flt,
         params,
-        lambda rows: rows["outcome"].eq("rejected").astype(float),
+        lambda rows: rows["outcome"].eq(Outcome.REJECTED).astype(float),
         lambda r: float(r["value"].mean()),
         "refused share",
     )

@@ -18,13 +18,21 @@ import numpy as np
 import pandas as pd
 
 import contract
+from contract import EventKind
 from gates.metrics_requests import REQUEST_FILTERS, ttft
 from gates.registry import Cause, Observations, metric
 from gates.rundir import RunData
 from gates.spec import GateFilter
 
-WAIT_STARTS = ("queued", "preempted")
-WAIT_ENDS = ("admitted", "resumed", "rejected", "cancelled", "released", "finished")
+WAIT_STARTS = (EventKind.QUEUED, EventKind.PREEMPTED)
+WAIT_ENDS = (
+    EventKind.ADMITTED,
+    EventKind.RESUMED,
+    EventKind.REJECTED,
+    EventKind.CANCELLED,
+    EventKind.RELEASED,
+    EventKind.FINISHED,
+)
 
 
 def waiting_spans(events: pd.DataFrame, t_end: float) -> pd.DataFrame:

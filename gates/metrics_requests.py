@@ -15,6 +15,8 @@ import numpy as np
 import pandas as pd
 
 import contract
+from contract import EventKind, Outcome
+from contract.enums import ANSWERED_OR_CANCELLED, DEATH_EVENTS, FAILED_OUTCOMES
 from gates.registry import Cause, Observations, metric
 from gates.rundir import RunData
 from gates.spec import GateFilter
@@ -32,9 +34,6 @@ from gates.windows import (
 
 REQUEST_FILTERS = ("traffic_class", "priority", "tenant", "window")
 RELEASE_HISTOGRAM = "kvgate_release_latency_seconds_bucket"
-# Endings that are the server's failure to answer. With any 5xx (a 503 capacity refusal
-# included: the server could not serve it) they are censored latencies (+inf).
-FAILED_OUTCOMES = ("error", "timeout", "disconnected", "protocol_error")
 
 
 def _describe(flt: GateFilter) -> str:
@@ -63,6 +62,8 @@ def _latency(run: RunData, flt: GateFilter, column: str, what: str) -> Observati
     if isinstance(rows, str):
         return Observations.none(rows)
     measured = rows[column].notna()
+    # contract.quantiles.censored_latency, over a table: a failed ending or any 5xx (a 503
+    # refusal included: the server could not serve it) is a censored latency (+inf).
     server_failed = ~measured & (
         rows["outcome"].isin(FAILED_OUTCOMES).to_numpy() | rows["http_status"].ge(500).to_numpy()
     )
@@ -115,7 +116,7 @@ def e2e(run: RunData, flt: GateFilter, params: Mapping[str, Any]) -> Observation
     kind="rate",
     timing=False,
     cause=Cause.NONE,
-    params={"outcome": "timeout"},
+    params={"outcome": Outcome.TIMEOUT.value},
     choices={"outcome": contract.OUTCOMES},
 )
 def outcome_rate(run: RunData, flt: GateFilter, params: Mapping[str, Any]) -> Observations:
@@ -144,19 +145,19 @@ def cancel_release_latency(
 ) -> Observations:
     """Seconds from a client's cancel to the server's `released` event for that request."""
     events = run.server_events
-    if not events["event"].eq("admitted").any():
+    if not events["event"].eq(EventKind.ADMITTED).any():
         return _release_from_histogram(run, flt)
     rows = select(run.requests[run.requests["cancel_at"].notna()], run, flt, "cancel_at")
     if isinstance(rows, str):
         return Observations.none(rows)
-    admitted = events.loc[events["event"].eq("admitted"), "request_id"].unique()
+    admitted = events.loc[events["event"].eq(EventKind.ADMITTED), "request_id"].unique()
     rows = rows[isin(rows["request_id"], admitted)]
     if rows.empty:
         return Observations.none(
             f"no cancelled {_describe(flt)} request held a reservation, so release after cancel "
             "cannot be measured; the plan needs cancellations"
         )
-    released = events.loc[events["event"].eq("released"), ["request_id", "t"]]
+    released = events.loc[events["event"].eq(EventKind.RELEASED), ["request_id", "t"]]
     joined = rows[["request_id", "cancel_at"]].merge(released, on="request_id", how="left")
     late = joined[joined["t"] >= joined["cancel_at"] - float(params["skew_s"])]
     first_after = late.groupby("request_id", sort=False)["t"].min()
@@ -187,11 +188,11 @@ def _death_after(
     run: RunData, events: pd.DataFrame, rows: pd.DataFrame, skew_s: float
 ) -> pd.Series:
     """Per cancelled request: when the replica holding it first died after the cancel."""
-    admitted = events[events["event"].eq("admitted")].sort_values("t")
+    admitted = events[events["event"].eq(EventKind.ADMITTED)].sort_values("t")
     holder = admitted.groupby("request_id", sort=False)["replica"].last()
     deaths = pd.concat(
         [
-            events.loc[events["event"].isin(("replica_died", "oom")), ["replica", "t"]],
+            events.loc[events["event"].isin(DEATH_EVENTS), ["replica", "t"]],
             replica_deaths(run.faults)[["target", "t_start"]].rename(
                 columns={"target": "replica", "t_start": "t"}
             ),
@@ -255,7 +256,7 @@ def cut_short(run: RunData, rows: pd.DataFrame) -> pd.Series:
     if not failed.any():
         return stopped
     events = run.server_events
-    lifecycle = events[events["event"].isin(("replica_died", "oom"))]
+    lifecycle = events[events["event"].isin(DEATH_EVENTS)]
     faults = process_faults(run.faults).rename(columns={"target": "replica", "t_start": "t"})
     deaths = pd.concat([lifecycle[["replica", "t"]], faults[["replica", "t"]]]).dropna(subset=["t"])
     t0 = rows["t_send"].to_numpy(dtype=float)
@@ -273,7 +274,7 @@ def _abandoned(events: pd.DataFrame, rows: pd.DataFrame, t_end: np.ndarray) -> n
     """Requests their replica had released more than DEATH_SLACK_S before the client's
     answer ended: the server let go of them and left the client waiting, so a death that
     came later did not cut them short (a dropped stream that hung until a kill)."""
-    released = events[events["event"].eq("released")]
+    released = events[events["event"].eq(EventKind.RELEASED)]
     if released.empty:
         return np.zeros(len(rows), dtype=bool)
     last = released.groupby(["request_id", "replica"], sort=False)["t"].max()
@@ -295,7 +296,7 @@ def preempted_completion(run: RunData, flt: GateFilter, params: Mapping[str, Any
     events = select(run.server_events, run, flt, "t", class_column=None)
     if isinstance(events, str):
         return Observations.none(events)
-    preempted = events.loc[events["event"].eq("preempted"), "request_id"].dropna().unique()
+    preempted = events.loc[events["event"].eq(EventKind.PREEMPTED), "request_id"].dropna().unique()
     if len(preempted) == 0:
         return Observations.none("no request was preempted, so their fate cannot be judged")
     rows = run.requests[isin(run.requests["request_id"], preempted)]
@@ -310,7 +311,7 @@ def preempted_completion(run: RunData, flt: GateFilter, params: Mapping[str, Any
             "the preempted requests have no client record (or the client cancelled them, "
             "their replica was killed, or the run ended under them)"
         )
-    completed = rows["outcome"].eq("ok").astype(float)
+    completed = rows["outcome"].eq(Outcome.OK).astype(float)
     frame = _evidence(rows, completed, "t_send")
     frame["detail"] = frame["detail"] + " ended " + rows["outcome"].astype(str).to_numpy()
     notes = []
@@ -341,7 +342,7 @@ def critical_preemptions(run: RunData, flt: GateFilter, params: Mapping[str, Any
     events = select(run.server_events, run, flt, "t", class_column=None)
     if isinstance(events, str):
         return Observations.none(events)
-    preempted = events[events["event"].eq("preempted")]
+    preempted = events[events["event"].eq(EventKind.PREEMPTED)]
     if preempted.empty:
         return Observations.none(
             "no request was preempted (or the server shows no per-request events), so the "
@@ -392,7 +393,7 @@ def explicit_refusal(run: RunData, flt: GateFilter, params: Mapping[str, Any]) -
     status = rows["http_status"]
     client_fault = status.ge(400) & status.lt(500) & status.ne(429)
     cut = cut_short(run, rows)
-    unserved = rows[~rows["outcome"].isin(("ok", "cancelled")) & ~client_fault & ~cut]
+    unserved = rows[~rows["outcome"].isin(ANSWERED_OR_CANCELLED) & ~client_fault & ~cut]
     if unserved.empty:
         return Observations.none(
             f"no {_describe(flt)} request was refused or failed; no pressure to judge"

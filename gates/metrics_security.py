@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from contract import Outcome
 from gates import stats
 from gates.registry import Cause, Observations, metric
 from gates.rundir import RunData
@@ -153,7 +154,7 @@ def prefix_groups(run: RunData, flt: GateFilter | None = None) -> PrefixGroups |
     wide = once.pivot(index="probe_group", columns="probe")
     wide.columns = [_column(role, col) for col, role in wide.columns]
     wide = wide.reindex(columns=[_column(role, col) for role in ROLES for col in rows.columns])
-    served = wide[[_column(role, "outcome") for role in ROLES]].eq("ok")
+    served = wide[[_column(role, "outcome") for role in ROLES]].eq(Outcome.OK)
     wide = wide[served.all(axis=1)]
     left_out = {"not all three requests served": total - len(wide)}
     same_tenant = wide["warm_tenant"].eq(wide["probe_tenant"])

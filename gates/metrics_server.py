@@ -13,7 +13,8 @@ import numpy as np
 import pandas as pd
 from scipy.stats import beta
 
-from contract import servers
+from contract import EventKind, servers
+from contract.enums import LIFECYCLE_EVENTS
 from gates import stats
 from gates.metrics_requests import DEATH_SLACK_S
 from gates.registry import Cause, Observations, metric
@@ -35,7 +36,6 @@ OOM_REASON = r"(?i)\boom\b|out of memory"
 # Everything after an OOM (rejections while replicas restart, slow first tokens) is its
 # consequence, so a new OOM outweighs all the other signals of a rollback's cause together.
 OOM_WEIGHT = 10
-LIFECYCLE = ("replica_started", "replica_died", "oom")
 MEMORY_FAMILIES = (
     ("GPU memory (NVML)", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_TOTAL"),
     (
@@ -84,10 +84,9 @@ def oom_events(run: RunData, flt: GateFilter, params: Mapping[str, Any]) -> Obse
     said_oom = answers[
         answers["error_message"].astype("string").str.contains(OOM_REASON, regex=True, na=False)
     ]
-    died = events["event"].eq("replica_died") & events["reason"].astype("string").str.contains(
-        OOM_REASON, regex=True, na=False
-    )
-    hits = events[events["event"].eq("oom") | died]
+    oom_reason = events["reason"].astype("string").str.contains(OOM_REASON, regex=True, na=False)
+    died = events["event"].eq(EventKind.REPLICA_DIED) & oom_reason
+    hits = events[events["event"].eq(EventKind.OOM) | died]
     parts = [
         _rows(
             1.0,
@@ -187,13 +186,13 @@ def _share_from_events(events: pd.DataFrame) -> pd.DataFrame:
     held against their tenants on the restarted one.
     """
     ordered = events.sort_values(["replica", "t", "seq"], kind="stable")
-    lifecycle = ordered["event"].isin(LIFECYCLE).astype(int)
+    lifecycle = ordered["event"].isin(LIFECYCLE_EVENTS).astype(int)
     epoch = lifecycle.groupby(ordered["replica"], sort=False).cumsum()
     keep = ordered["request_id"].notna() & ordered["pool_total_blocks"].gt(0)
     ev, epoch = ordered[keep], epoch[keep]
     if ev.empty:
         return pd.DataFrame()
-    held = ev["blocks"].where(~ev["event"].eq("released"), 0.0).fillna(0.0)
+    held = ev["blocks"].where(~ev["event"].eq(EventKind.RELEASED), 0.0).fillna(0.0)
     previous = held.groupby([ev["replica"], epoch, ev["request_id"]], sort=False).shift(
         fill_value=0.0
     )
@@ -308,7 +307,8 @@ def failover_integrity(run: RunData, flt: GateFilter, params: Mapping[str, Any])
 def _double_holds(all_events: pd.DataFrame, kills: pd.DataFrame, t_end: float) -> pd.DataFrame:
     """Requests whose held intervals on two replicas overlap."""
     held = all_events[
-        all_events["event"].isin(("admitted", "resumed")) & all_events["request_id"].notna()
+        all_events["event"].isin((EventKind.ADMITTED, EventKind.RESUMED))
+        & all_events["request_id"].notna()
     ]
     starts = (
         held.groupby(["request_id", "replica"], sort=False)["t"].min().rename("start").reset_index()
@@ -318,12 +318,14 @@ def _double_holds(all_events: pd.DataFrame, kills: pd.DataFrame, t_end: float) -
     if starts.empty:
         return _rows([], [], [], [], request_id=[])
     ids = starts["request_id"].unique()
-    released = all_events[all_events["event"].eq("released") & isin(all_events["request_id"], ids)]
+    released = all_events[
+        all_events["event"].eq(EventKind.RELEASED) & isin(all_events["request_id"], ids)
+    ]
     ends = released.groupby(["request_id", "replica"])["t"].max().rename("released")
     starts = starts.join(ends, on=["request_id", "replica"])
     deaths = pd.concat(
         [
-            all_events.loc[all_events["event"].eq("replica_died"), ["replica", "t"]],
+            all_events.loc[all_events["event"].eq(EventKind.REPLICA_DIED), ["replica", "t"]],
             kills.rename(columns={"target": "replica", "t_start": "t"})[["replica", "t"]],
         ]
     ).sort_values("t")
@@ -420,7 +422,7 @@ def batch_peak_trough(run: RunData, flt: GateFilter, params: Mapping[str, Any]) 
     events = select(run.server_events, run, flt, "t", class_column=None)
     requests = select(run.requests, run, flt, "t_send")
     assert not isinstance(events, str) and not isinstance(requests, str)  # no window filter
-    batch_events = events[events["event"].eq("admitted") & events["priority"].eq("batch")]
+    batch_events = events[events["event"].eq(EventKind.ADMITTED) & events["priority"].eq("batch")]
     batch = requests[requests["priority"].eq("batch")]
     if batch_events.empty and batch.empty:
         return Observations.none("no batch traffic was sent, so the offline queue cannot be judged")

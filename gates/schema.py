@@ -7,12 +7,15 @@ until a child process has converted it), and at the end the harness compacts eve
 `<table>.parquet`. Readers prefer Parquet, else read the parts in order and then the live
 JSON lines, so a crashed run can still be judged. All cross-process
 timestamps are epoch seconds (float); durations are seconds. The names every stage shares
-(traffic classes, priorities, outcomes, the request columns) come from `contract`.
+(traffic classes, priorities, outcomes) and the columns of the requests and server_events
+tables (contract.RequestRecord, contract.ServerEvent) come from `contract`.
 """
 
 from __future__ import annotations
 
 import contract
+from contract import RequestRecord, ServerEvent
+from contract.records import column_types
 
 META_FILE = "meta.json"
 # What the gates wrote (gates/verdict.py, Verdict.to_dict): status, exit_code, score,
@@ -30,28 +33,11 @@ SAMPLES = "samples"
 FAULTS = "faults"
 TABLES = (REQUESTS, SERVER_EVENTS, SAMPLES, FAULTS)
 
-# One row per request the load generator sent (exactly one, whatever its ending).
+# One row per request the load generator sent (exactly one, whatever its ending), and the
+# server's per-request events as collected from /debug/events (plus the replica lifecycle rows
+# the harness observes): their columns and types are the contract's record dataclasses.
 REQUEST_COLUMNS = contract.REQUEST_COLUMNS
-OUTCOMES = contract.OUTCOMES
-
-# The server's per-request events, as collected from /debug/events (plus harness-observed
-# replica lifecycle rows: event in {"replica_started", "replica_died", "oom"}).
-SERVER_EVENT_COLUMNS = (
-    "t",  # float epoch s
-    "replica",  # str
-    "seq",  # int: per-replica sequence number
-    "request_id",  # str | None (None for replica lifecycle rows)
-    "tenant",  # str | None
-    "priority",  # str | None
-    "event",  # admitted | queued | rejected | preempted | resumed | finished | cancelled
-    #           | released | replica_started | replica_died | oom
-    "blocks",  # int: blocks held by the request after the event (released: blocks freed)
-    "reserved_tokens",  # int: tokens reserved for the request after the event
-    "used_tokens",  # int: tokens actually held in KV (prompt + generated) at the event
-    "reason",  # str | None: rejection/preemption reason code
-    "pool_used_blocks",  # int: replica pool usage after the event
-    "pool_total_blocks",  # int
-)
+SERVER_EVENT_COLUMNS = contract.SERVER_EVENT_COLUMNS
 
 # Time series in long form: one row per (time, source, target, metric, labels) value.
 SAMPLE_COLUMNS = (
@@ -86,43 +72,28 @@ TABLE_COLUMNS: dict[str, tuple[str, ...]] = {
     SAMPLES: SAMPLE_COLUMNS,
     FAULTS: FAULT_COLUMNS,
 }
+
+
+def _typed(kind: type) -> frozenset[str]:
+    """The columns of the contract's records whose annotation stores `kind`."""
+    return frozenset(
+        name
+        for record in (RequestRecord, ServerEvent)
+        for name, stored in column_types(record).items()
+        if stored is kind
+    )
+
+
 # Column types, so Parquet types never depend on the data and writer and readers agree;
-# every other column is text.
-INT_COLUMNS = frozenset(
-    {
-        "chunks",
-        "prompt_tokens",
-        "completion_tokens",
-        "cached_tokens",
-        "target_prompt_tokens",
-        "max_tokens",
-        "http_status",
-        "seq",
-        "blocks",
-        "reserved_tokens",
-        "used_tokens",
-        "pool_used_blocks",
-        "pool_total_blocks",
-        "pid",
-    }
-)
-FLOAT_COLUMNS = frozenset(
-    {
-        "t",
-        "t_send",
-        "ttft_s",
-        "e2e_s",
-        "itl_mean_s",
-        "itl_p50_s",
-        "itl_p99_s",
-        "itl_max_s",
-        "retry_after_s",
-        "cancel_at",
-        "value",
-        "t_start",
-        "t_end",
-    }
-)
+# every other column is text. The records' come from their annotations; the other tables'
+# number columns are named here.
+INT_COLUMNS = _typed(int) | {"pid"}
+FLOAT_COLUMNS = _typed(float) | {"t", "value", "t_start", "t_end"}
+if INT_COLUMNS & FLOAT_COLUMNS:
+    raise TypeError(
+        f"columns {sorted(INT_COLUMNS & FLOAT_COLUMNS)} are int in one table and "
+        "float in another; give each name one type"
+    )
 
 # meta.json keys that gates and reports rely on (all written by the harness):
 #   plan (dict), target (dict: url, kind, model, model_digest, runtime_version, gpu_sku,
@@ -150,10 +121,6 @@ META_KEYS = (
     "windows",
 )
 
-# The contract's names, for readers of this module (gates/spec.py, tests).
-TRAFFIC_CLASSES = contract.TRAFFIC_CLASSES
-PRIORITIES = contract.PRIORITIES
-SERVER_EVENTS_KINDS = contract.SERVER_EVENT_KINDS
 # Files the reports write into the run directory (rollback files go to the candidate run).
 REPORT_HTML = "report.html"
 SUMMARY_MD = "summary.md"

@@ -2,11 +2,12 @@
 
 Percentiles are numpy's default (linear interpolation between order statistics), made safe
 for censored observations stored as +inf (a request that never got a first token): a
-quantile that lands on or interpolates towards +inf is +inf. Their intervals come from
-order statistics (distribution-free: no assumption about the latency distribution), rates'
-from the Wilson score interval. Both are two-sided at `confidence`; an end the sample cannot
-bound is -inf/+inf, and `needs_n` says how many samples would bound it on the pass side.
-gates/README.md gives the formulas.
+quantile that lands on or interpolates towards +inf is +inf. contract.quantiles holds that
+definition, so the load shapes (which may not import the gates) compute the same one. Their
+intervals come from order statistics (distribution-free: no assumption about the latency
+distribution), rates' from the Wilson score interval. Both are two-sided at `confidence`;
+an end the sample cannot bound is -inf/+inf, and `needs_n` says how many samples would bound
+it on the pass side. gates/README.md gives the formulas.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from functools import lru_cache
 
 import numpy as np
 from scipy.stats import binom, norm
+
+from contract.quantiles import percentile_of_sorted
 
 CONFIDENCE = 0.95
 # Beyond this many samples a gate's "needs >= N" is reported as out of reach.
@@ -29,21 +32,9 @@ def z_value(confidence: float = CONFIDENCE) -> float:
 
 
 def percentile(values: Sequence[float] | np.ndarray, q: float) -> float:
-    """The q-th percentile (0..100), numpy's linear method; +inf when it touches censored +inf."""
-    data = np.sort(np.asarray(values, dtype=float))
-    n = len(data)
-    if n == 0:
-        return math.nan
-    h = (n - 1) * q / 100.0
-    lo = math.floor(h)
-    frac = h - lo
-    a = float(data[lo])
-    if frac == 0.0:
-        return a
-    b = float(data[min(lo + 1, n - 1)])
-    if math.isinf(b) or math.isinf(a):
-        return b if math.isinf(b) else a
-    return a + (b - a) * frac
+    """The q-th percentile (0..100), numpy's linear method; +inf when it touches censored +inf
+    (contract.quantiles defines it for every stage; this sorts an array for it)."""
+    return percentile_of_sorted(np.sort(np.asarray(values, dtype=float)), q)
 
 
 @lru_cache(maxsize=4096)

@@ -11,13 +11,13 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from contract import FaultEffect
+from contract import FaultEffect, Outcome
+from contract.enums import BROKEN_OUTCOMES
 from gates.rundir import RunData
 from gates.spec import GateFilter
 
 Intervals = list[tuple[float, float]]
 # The client's view of a connection that broke or stalled (no server's answer in it).
-BROKEN_OUTCOMES = ("disconnected", "timeout", "protocol_error")
 NETWORK_EFFECTS = tuple(str(effect) for effect in FaultEffect if effect.on_network)
 
 
@@ -78,7 +78,7 @@ def broken_by_network(run: RunData, rows: pd.DataFrame, slack_s: float) -> pd.Se
     if not spans:
         return pd.Series(False, index=rows.index)
     broken = rows["outcome"].isin(BROKEN_OUTCOMES) | (
-        rows["outcome"].eq("error") & rows["http_status"].isna()
+        rows["outcome"].eq(Outcome.ERROR) & rows["http_status"].isna()
     )
     t0 = rows["t_send"].to_numpy(dtype=float)
     t1 = t0 + rows["e2e_s"].fillna(0.0).to_numpy(dtype=float) + slack_s

@@ -20,6 +20,7 @@ from locust import LoadTestShape, User
 from locust.env import Environment
 from locust.runners import STATE_STOPPED, MasterRunner, Runner
 
+from contract import RequestRecord
 from harness.distributed import (
     WORKER_CONNECT_TIMEOUT_S,
     LocalWorkers,
@@ -28,7 +29,7 @@ from harness.distributed import (
 )
 from harness.plan import Plan
 from harness.sink import RecordSink, record_row
-from workloads.records import RequestRecord, install_record_hook
+from workloads.records import install_record_hook
 
 log = logging.getLogger(__name__)
 WAIT_TICK_S = 0.25

@@ -26,6 +26,7 @@ from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from gates.stats import percentile
 from harness.netproxy_client import ProxyClient, start_proxy
 
 LATENCY_TARGET_MS = 5.0
@@ -111,10 +112,6 @@ def _sleep_overshoot_ms(seconds: float, n: int) -> list[float]:
     return out
 
 
-def _p95(values: Sequence[float]) -> float:
-    return statistics.quantiles(values, n=20, method="inclusive")[-1]
-
-
 def measure_latency(
     direct: str, listen: str, client: ProxyClient, requested_ms: Sequence[float], n: int
 ) -> dict[str, Any]:
@@ -133,9 +130,9 @@ def measure_latency(
                 "requested_ms": latency,
                 "n": n,
                 "median_error_ms": round(statistics.median(errors), 3),
-                "p95_error_ms": round(_p95(errors), 3),
+                "p95_error_ms": round(percentile(errors, 95), 3),
                 "max_error_ms": round(max(errors), 3),
-                "host_sleep_p95_late_ms": round(_p95(host) if len(host) > 1 else host[0], 3),
+                "host_sleep_p95_late_ms": round(percentile(host, 95), 3),
             }
         )
     met = all(

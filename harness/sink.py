@@ -13,13 +13,14 @@ from collections import Counter, deque
 from collections.abc import Mapping
 from typing import Any
 
+from contract import Outcome
+from contract.enums import FAILED_OUTCOMES
 from gates import schema
 from gates.metrics_client import request_failed
+from gates.stats import percentile
 from harness.rundir import TableWriter
 
 RECENT_WINDOW_S = 60.0
-REJECTED = "rejected"
-NOT_ERRORS = ("ok", "cancelled", "rejected")
 
 
 def record_row(record: Any) -> dict[str, Any]:
@@ -64,7 +65,7 @@ class RecordSink:
         self.writer.write(row)
         outcome = str(row.get("outcome"))
         self.outcomes[outcome] += 1
-        if outcome != "cancelled" and row.get("probe") is None:
+        if outcome != Outcome.CANCELLED and row.get("probe") is None:
             self.judged += 1
             self.failed += request_failed(outcome, row.get("http_status"), row.get("retry_after_s"))
         self.by_worker[str(row.get("worker"))] += 1
@@ -75,7 +76,7 @@ class RecordSink:
         if ttft is not None:
             klass = str(row.get("traffic_class"))
             self._recent_ttft.setdefault(klass, deque()).append((now, float(ttft)))
-        if outcome == REJECTED:
+        if outcome == Outcome.REJECTED:
             self.refusals[str(row.get("error_code") or row.get("http_status"))] += 1
         server, ours = row.get("prompt_tokens"), row.get("target_prompt_tokens")
         if isinstance(server, int) and isinstance(ours, int) and server > 0 and ours > 0:
@@ -96,7 +97,7 @@ class RecordSink:
         return [item for item in self._recent if item[0] >= cutoff]
 
     def recent_cancels(self, window_s: float) -> int:
-        return sum(1 for _, outcome, _ in self._since(window_s) if outcome == "cancelled")
+        return sum(1 for _, outcome, _ in self._since(window_s) if outcome == Outcome.CANCELLED)
 
     def rate(self, window_s: float = 5.0) -> float:
         return len(self._since(window_s)) / window_s
@@ -108,21 +109,18 @@ class RecordSink:
         for klass, recent in self._recent_ttft.items():
             while recent and recent[0][0] < cutoff:
                 recent.popleft()
-            values = sorted(t for _, t in recent)
-            if values:
-                out[klass] = values[min(len(values) - 1, int(0.95 * len(values)))]
+            if recent:
+                out[klass] = percentile([t for _, t in recent], 95)
         return out
 
     def ttft_p95(self, window_s: float = 30.0) -> float | None:
-        values = sorted(t for _, outcome, t in self._since(window_s) if t is not None)
-        if not values:
-            return None
-        return values[min(len(values) - 1, int(0.95 * len(values)))]
+        values = [t for _, _, t in self._since(window_s) if t is not None]
+        return percentile(values, 95) if values else None
 
     @property
     def rejections(self) -> int:
-        return self.outcomes[REJECTED]
+        return self.outcomes[Outcome.REJECTED]
 
     @property
     def errors(self) -> int:
-        return sum(n for outcome, n in self.outcomes.items() if outcome not in NOT_ERRORS)
+        return sum(n for outcome, n in self.outcomes.items() if outcome in FAILED_OUTCOMES)

@@ -13,7 +13,8 @@ import numpy as np
 import pandas as pd
 from pandas.api.typing import SeriesGroupBy
 
-from contract import servers
+from contract import EventKind, Outcome, servers
+from contract.seed import SEED
 from gates.applicability import available
 from gates.metrics import REGISTRY
 from gates.rundir import RunData
@@ -22,11 +23,7 @@ from gates.stats import percentile
 from gates.windows import counter_increase, isin, label_value
 
 BUCKETS = 240
-DEFAULT_WATERMARKS = {
-    "admission_watermark": 0.82,
-    "batch_prefill_pause_watermark": 0.88,
-    "hard_watermark": 0.92,
-}
+DEFAULT_WATERMARKS = SEED.watermarks()
 # Pool usage (0..1) under every name a server profile gives it (contract/profiles/).
 POOL_USAGE_METRICS = servers.metric_names("kv_usage")
 LENGTH_EDGES = (0, 512, 1024, 2048, 4096, 8192, 16384, 32768, np.inf)
@@ -96,7 +93,7 @@ def gpu_memory(run: RunData) -> tuple[pd.DataFrame, float | None, str]:
 
 def rejection_rug(run: RunData) -> list[tuple[float, float]]:
     """(x, relative weight) of time buckets holding rejected requests."""
-    rejected = run.requests.loc[run.requests["outcome"].eq("rejected"), ["t_send"]]
+    rejected = run.requests.loc[run.requests["outcome"].eq(Outcome.REJECTED), ["t_send"]]
     if rejected.empty:
         return []
     frame = pd.DataFrame({"t": rejected["t_send"], "key": "r", "value": 1.0})
@@ -111,7 +108,7 @@ def markers(run: RunData) -> list[tuple[float, str]]:
         (float(f.t_start) - run.t_start, f"{f.kind} {f.target}")
         for f in run.faults.dropna(subset=["t_start"]).itertuples()
     ]
-    ooms = run.server_events[run.server_events["event"].eq("oom")]
+    ooms = run.server_events[run.server_events["event"].eq(EventKind.OOM)]
     out += [
         (float(t) - run.t_start, f"OOM {r}")
         for t, r in zip(ooms["t"], ooms["replica"], strict=True)
@@ -156,7 +153,7 @@ def tenant_shares(run: RunData) -> pd.DataFrame:
 def preempted_fates(run: RunData) -> pd.Series:
     """Outcome counts of the requests the server preempted at least once."""
     ids = (
-        run.server_events.loc[run.server_events["event"].eq("preempted"), "request_id"]
+        run.server_events.loc[run.server_events["event"].eq(EventKind.PREEMPTED), "request_id"]
         .dropna()
         .unique()
     )
@@ -177,7 +174,7 @@ def reservation_error(run: RunData) -> pd.DataFrame:
     """
     ev = run.server_events
     ev = ev[ev["request_id"].notna() & ev["used_tokens"].notna()]
-    admitted = ev[ev["event"].eq("admitted") & ev["reserved_tokens"].gt(0)]
+    admitted = ev[ev["event"].eq(EventKind.ADMITTED) & ev["reserved_tokens"].gt(0)]
     if admitted.empty:
         return pd.DataFrame(columns=["request_id", "prompt", "reserved", "used", "error"])
     first = admitted.drop_duplicates("request_id")[["request_id", "used_tokens", "reserved_tokens"]]
@@ -220,13 +217,13 @@ def evictions(run: RunData) -> pd.Series:
         reason = label_value(inc["labels"], "reason").replace("", "unlabelled")
         counts = inc.groupby(reason)["increase"].sum()
         return counts[counts > 0]
-    pre = run.server_events[run.server_events["event"].eq("preempted")]
+    pre = run.server_events[run.server_events["event"].eq(EventKind.PREEMPTED)]
     return pre["reason"].fillna("unknown").astype(str).value_counts()
 
 
 def quota_rejections(run: RunData) -> pd.DataFrame:
     """Rejected requests per tenant (rows) and error code (columns)."""
-    rejected = run.requests[run.requests["outcome"].eq("rejected")]
+    rejected = run.requests[run.requests["outcome"].eq(Outcome.REJECTED)]
     if rejected.empty:
         return pd.DataFrame()
     codes = rejected["error_code"].fillna("unknown").astype(str)
@@ -238,7 +235,7 @@ def rejection_rates(run: RunData) -> pd.DataFrame:
     req = run.requests
     if req.empty:
         return pd.DataFrame(columns=["priority", "reason", "rate", "n"])
-    rejected = req["outcome"].eq("rejected")
+    rejected = req["outcome"].eq(Outcome.REJECTED)
     totals = req.groupby("priority").size()
     by_reason = (
         req[rejected]

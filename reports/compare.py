@@ -17,6 +17,8 @@ import numpy as np
 import pandas as pd
 from scipy.stats import mannwhitneyu
 
+from contract import EventKind
+from contract.enums import DEATH_EVENTS
 from gates.rundir import RunData
 from gates.stats import percentile
 from gates.verdict import Cause, Verdict, _clean
@@ -201,9 +203,9 @@ def usage_at_first_oom(run: RunData) -> float | None:
     """Pool usage ratio just before the first OOM, from server events, when the run OOMed."""
     ev = run.server_events
     ooms = ev[
-        ev["event"].eq("oom")
+        ev["event"].eq(EventKind.OOM)
         | (
-            ev["event"].eq("replica_died")
+            ev["event"].eq(EventKind.REPLICA_DIED)
             & ev["reason"].astype(str).str.contains("(?i)oom|out of memory")
         )
     ]
@@ -213,7 +215,7 @@ def usage_at_first_oom(run: RunData) -> float | None:
     before = ev[
         ev["replica"].eq(first["replica"]) & ev["t"].le(first["t"]) & ev["pool_total_blocks"].gt(0)
     ]
-    before = before[~before["event"].isin(("oom", "replica_died"))]
+    before = before[~before["event"].isin(DEATH_EVENTS)]
     if before.empty:
         return None
     usage = before["pool_used_blocks"] / before["pool_total_blocks"]

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 import pandas as pd
 
 import contract
+from contract import Outcome
+from contract.enums import ANSWERED_OR_CANCELLED
 from gates.applicability import target_profile
 from gates.metrics_client import failure_label
 from gates.rundir import RunData
@@ -28,7 +30,7 @@ class OutcomeRow:
     top_errors: list[tuple[str, int]]  # ("HTTP 400 model_not_found: ...", count), commonest first
 
     def share_not_ok(self) -> float:
-        return 1.0 - self.counts.get("ok", 0) / self.total if self.total else 0.0
+        return 1.0 - self.counts.get(Outcome.OK, 0) / self.total if self.total else 0.0
 
 
 def _top(bad: pd.DataFrame) -> list[tuple[str, int]]:
@@ -55,7 +57,7 @@ def outcome_table(run: RunData) -> tuple[list[str], list[OutcomeRow]]:
     groups = [*requests.groupby("traffic_class", sort=True), ("all", requests)]
     for klass, group in groups:
         counts = {str(k): int(v) for k, v in group["outcome"].value_counts().items()}
-        bad = group[~group["outcome"].isin(("ok", "cancelled"))]
+        bad = group[~group["outcome"].isin(ANSWERED_OR_CANCELLED)]
         top = _top(bad)
         rows.append(OutcomeRow(str(klass), len(group), counts, top))
     return columns, rows

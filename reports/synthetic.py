@@ -19,7 +19,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 import contract
-from contract import servers
+from contract import EventKind, Outcome, servers
+from contract.seed import SEED
 from gates import run_profile, schema
 
 T0 = 1_767_225_600.0  # 2026-01-01T00:00:00Z
@@ -123,12 +124,7 @@ def _meta(line: Timeline, flavour: Flavour, seed: int) -> dict[str, Any]:
             "scheduler_config_digest": f"sha256:{policy}-config",
             "policy": policy,
             "replicas": 2,
-            "config": {
-                "admission_watermark": 0.82,
-                "batch_prefill_pause_watermark": 0.88,
-                "hard_watermark": 0.92,
-                "tenant_max_share": contract.TENANT_MAX_SHARE,
-            },
+            "config": {**SEED.watermarks(), "tenant_max_share": SEED.tenant_max_share},
         },
         # what the harness keeps of the profile the run used (gates/run_profile.py)
         run_profile.SNAPSHOT_KEY: run_profile.snapshot(servers.profile("reference")),
@@ -187,22 +183,25 @@ def _requests(rng: np.random.Generator, n: int, line: Timeline, flavour: Flavour
     # out and fails requests.
     failing = [0.01, 0.01] if flavour == "oom" else [0.0, 0.0]
     outcome = rng.choice(
-        np.array(["ok", "rejected", "timeout", "error"]), n, p=[0.92 - sum(failing), 0.08, *failing]
+        np.array([Outcome.OK, Outcome.REJECTED, Outcome.TIMEOUT, Outcome.ERROR]),
+        n,
+        p=[0.92 - sum(failing), 0.08, *failing],
     ).astype(object)
-    outcome[is_batch & (rng.random(n) < 0.55)] = "rejected"  # offline work refused at times
-    outcome[is_batch & (outcome == "timeout")] = "rejected"  # low priority: refused, not timed out
+    outcome[is_batch & (rng.random(n) < 0.55)] = Outcome.REJECTED  # offline work refused at times
+    # low priority: refused, not timed out
+    outcome[is_batch & (outcome == Outcome.TIMEOUT)] = Outcome.REJECTED
     at_peak = is_batch & line.in_phase(t_send, "peak")
-    outcome[at_peak] = "rejected"  # the offline queue waits out the peak: refused, 503
+    outcome[at_peak] = Outcome.REJECTED  # the offline queue waits out the peak: refused, 503
     cancelled = (cls == "cancel_storm") & (rng.random(n) < 0.95)
-    outcome[cancelled] = "cancelled"
-    rejected = outcome == "rejected"
+    outcome[cancelled] = Outcome.CANCELLED
+    rejected = outcome == Outcome.REJECTED
     # capacity refusals (503) go to batch; online work is refused by its tenant quota (429)
     capacity = is_batch & ((rng.random(n) < 0.5) | at_peak)
     status = np.where(
-        rejected, np.where(capacity, 503, 429), np.where(outcome == "ok", 200, np.nan)
+        rejected, np.where(capacity, 503, 429), np.where(outcome == Outcome.OK, 200, np.nan)
     )
-    status = np.where(outcome == "error", 500, status)
-    done = outcome == "ok"
+    status = np.where(outcome == Outcome.ERROR, 500, status)
+    done = outcome == Outcome.OK
     return pd.DataFrame(
         {
             "request_id": [f"req-{i:08d}" for i in range(n)],
@@ -252,7 +251,7 @@ def _probes(rng: np.random.Generator, line: Timeline) -> pd.DataFrame:
             "probe": "escalation",
             "t_send": t,
             "e2e_s": 0.002,
-            "outcome": "rejected",
+            "outcome": Outcome.REJECTED,
             "http_status": 403,
             "error_code": "priority_not_allowed",
             "target_prompt_tokens": 32,
@@ -284,7 +283,7 @@ def _probes(rng: np.random.Generator, line: Timeline) -> pd.DataFrame:
                     "cached_tokens": 0,
                     "target_prompt_tokens": PREFIX_TOKENS + 32,
                     "max_tokens": 8,
-                    "outcome": "ok",
+                    "outcome": Outcome.OK,
                     "http_status": 200,
                     "finish_reason": "length",
                 }
@@ -301,7 +300,7 @@ def _probes(rng: np.random.Generator, line: Timeline) -> pd.DataFrame:
 def _events(
     rng: np.random.Generator, req: pd.DataFrame, line: Timeline, flavour: Flavour
 ) -> pd.DataFrame:
-    held = req[req["outcome"].ne("rejected")]
+    held = req[req["outcome"].ne(Outcome.REJECTED)]
     n = len(held)
     prompt = held["target_prompt_tokens"].to_numpy()
     reserve = prompt + held["max_tokens"].to_numpy()
@@ -329,17 +328,19 @@ def _events(
         "pool_used_blocks": (usage * POOL_BLOCKS).astype(int),
         "pool_total_blocks": POOL_BLOCKS,
     }
-    admitted = pd.DataFrame({**common, "t": t_admit, "event": "admitted"})
+    admitted = pd.DataFrame({**common, "t": t_admit, "event": EventKind.ADMITTED})
     admitted = admitted.assign(blocks=blocks, reserved_tokens=reserved, used_tokens=prompt)
-    released = pd.DataFrame({**common, "t": t_release, "event": "released"})
+    released = pd.DataFrame({**common, "t": t_release, "event": EventKind.RELEASED})
     released = released.assign(blocks=blocks, reserved_tokens=0, used_tokens=used)
     lost = flavour == "oom"  # the naive policy loses preempted work; the seed policy finishes it
     pre = (rng.random(n) < 0.17) & (
-        held["outcome"].eq("ok").to_numpy() | (lost & (rng.random(n) < 0.3))
+        held["outcome"].eq(Outcome.OK).to_numpy() | (lost & (rng.random(n) < 0.3))
     )
     # the seed policy takes its victims below the critical tier; the naive one takes anyone
     pre &= held["priority"].ne("critical").to_numpy() | lost
-    preempted = admitted[pre].assign(event="preempted", t=t_admit[pre] + 0.5, reason="pressure")
+    preempted = admitted[pre].assign(
+        event=EventKind.PREEMPTED, t=t_admit[pre] + 0.5, reason="pressure"
+    )
     parts = [admitted, released, preempted]
     if flavour == "oom":
         parts.append(_oom_rows(line.fault_t - 5.0))
@@ -357,7 +358,7 @@ def _oom_rows(t_oom: float) -> pd.DataFrame:
             "request_id": None,
             "tenant": None,
             "priority": None,
-            "event": ["oom", "replica_died"],
+            "event": [EventKind.OOM, EventKind.REPLICA_DIED],
             "blocks": 0,
             "reserved_tokens": 0,
             "used_tokens": 0,
@@ -469,7 +470,7 @@ def _faults(line: Timeline) -> pd.DataFrame:
             "t_start": starts,
             "t_end": [t + 6.0 for t in starts],
             "params": [json.dumps({"signal": "SIGKILL"})] * 2,
-            "outcome": ["ok", "ok"],
+            "outcome": [Outcome.OK, Outcome.OK],
             "rollback": ["restarted", "restarted"],
         }
     )

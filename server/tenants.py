@@ -13,10 +13,10 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from contract import Mutant
 from server.headers import same_secret
 from server.protocol import ApiError
 from server.scheduler import ConfigError, Priority, TenantQuota
-from server.scheduler.mutants import Mutant
 
 DEFAULT_TENANTS_PATH = Path(__file__).with_name("tenants.demo.yaml")
 

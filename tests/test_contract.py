@@ -1,26 +1,31 @@
-"""The contract: one dependency-free module, and every stage's names and numbers agree with it."""
+"""The contract: dependency-free, and what every stage shares means the same thing everywhere."""
 
 from __future__ import annotations
 
 import ast
+import json
+import math
+import subprocess
 import sys
 import tomllib
 from pathlib import Path
-from typing import Literal, get_args, get_origin
 
 import pytest
 import yaml
 
 import contract
-from gates import schema
+from contract import EventKind, Outcome, Priority, RejectCause, RejectCode, ServerEvent
+from contract.enums import ANSWERED_OR_CANCELLED, BROKEN_OUTCOMES, FAILED_OUTCOMES
 from gates.spec import BUILTIN_GATES, Threshold
 
 ROOT = Path(__file__).resolve().parents[1]
+# The one module of the package with dependencies (pydantic, yaml), imported only by name.
+NOT_STDLIB_ONLY = {"servers.py"}
 
 
-def test_contract_imports_only_the_standard_library() -> None:
-    tree = ast.parse((ROOT / "contract" / "__init__.py").read_text())
-    imported = {
+def _imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    return {
         alias.name.split(".")[0]
         for node in ast.walk(tree)
         if isinstance(node, ast.Import)
@@ -28,9 +33,33 @@ def test_contract_imports_only_the_standard_library() -> None:
     } | {
         (node.module or "").split(".")[0]
         for node in ast.walk(tree)
-        if isinstance(node, ast.ImportFrom)
+        if isinstance(node, ast.ImportFrom) and node.level == 0
     }
-    assert imported and imported <= set(sys.stdlib_module_names) | {"__future__"}
+
+
+def test_contract_imports_only_the_standard_library() -> None:
+    modules = sorted(p for p in (ROOT / "contract").glob("*.py") if p.name not in NOT_STDLIB_ONLY)
+    assert len(modules) > 1
+    allowed = set(sys.stdlib_module_names) | {"__future__", "contract"}
+    for path in modules:
+        assert _imports(path) <= allowed, path.name
+
+
+def test_importing_the_contract_loads_nothing_outside_the_standard_library() -> None:
+    """What `import contract` (and each stdlib-only module) actually loads, in a fresh
+    interpreter: a stage that imports the contract drags in no other package."""
+    names = [f"contract.{p.stem}" for p in (ROOT / "contract").glob("*.py")]
+    names = [n for n in names if f"{n.split('.')[1]}.py" not in NOT_STDLIB_ONLY]
+    script = (
+        "import sys; before = set(sys.modules); import contract, "
+        + ", ".join(n for n in names if not n.endswith("__init__"))
+        + "; print('\\n'.join(sorted(set(sys.modules) - before)))"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True, cwd=ROOT
+    ).stdout.split()
+    foreign = [m for m in loaded if m.split(".")[0] not in sys.stdlib_module_names | {"contract"}]
+    assert "contract.enums" in loaded and foreign == []
 
 
 def test_contract_is_installed_as_a_package() -> None:
@@ -66,58 +95,16 @@ def test_builtin_gate_filters_use_contract_names() -> None:
         assert set(flt.get("traffic_class", [])) <= set(contract.TRAFFIC_CLASSES)
 
 
-def test_the_run_directory_schema_takes_its_names_from_the_contract() -> None:
-    assert schema.REQUEST_COLUMNS is contract.REQUEST_COLUMNS
-    assert schema.OUTCOMES is contract.OUTCOMES
-    assert schema.TRAFFIC_CLASSES is contract.TRAFFIC_CLASSES
-    assert schema.PRIORITIES is contract.PRIORITIES
-
-
-def test_the_server_agrees_with_the_contract() -> None:
-    """The server keeps enums and registries of its own (its types are richer than names);
-    their names and numbers must be the contract's."""
+def test_every_choice_the_plan_offers_the_reference_server_can_run() -> None:
+    """The plan's choices are the contract's names; the server's registries hold the data
+    behind each (a GPU's memory, a model's KV bytes, a policy's class)."""
     from server.engine.gpus import GPUS
-    from server.scheduler import PROFILES, SchedulerConfig
-    from server.scheduler.policies import POLICIES
-    from server.scheduler.types import Priority, RejectReason
+    from server.scheduler import PROFILES
+    from server.scheduler.policies import make_policy
 
-    assert tuple(p.value for p in Priority) == contract.PRIORITIES
-    assert {r.value: r.http_status for r in RejectReason} == dict(contract.REJECT_STATUS)
-    assert {r.value for r in RejectReason if r.retryable} == {
-        code for code, status in contract.REJECT_STATUS.items() if status in contract.RETRY_STATUSES
-    }
-    assert set(POLICIES) == set(contract.POLICIES)
-    assert set(GPUS) == set(contract.GPUS)
-    assert set(PROFILES) == set(contract.MODELS)
-    assert SchedulerConfig().tenant_max_share == contract.TENANT_MAX_SHARE
-    assert SchedulerConfig().model == contract.DEFAULT_MODEL
-
-
-def test_the_client_counts_the_contracts_refusals() -> None:
-    """(The user classes are checked against contract.USER_CLASSES in tests/workloads.)"""
-    from workloads.exchange import REJECTION_CODES, REJECTION_STATUSES
-
-    assert set(contract.REJECT_CODES) == REJECTION_CODES
-    assert set(contract.RETRY_STATUSES) == REJECTION_STATUSES
-
-
-def _literal_values(annotation: object) -> set[object]:
-    """The values a (possibly optional) Literal annotation allows."""
-    if get_origin(annotation) is Literal:
-        return set(get_args(annotation))
-    return set().union(*(_literal_values(a) for a in get_args(annotation)))
-
-
-def test_the_plan_offers_exactly_the_contracts_choices() -> None:
-    from harness.plan import ReferenceTarget, TrafficClass
-
-    fields = ReferenceTarget.model_fields
-    assert _literal_values(fields["policy"].annotation) == set(contract.POLICIES)
-    assert _literal_values(fields["gpu"].annotation) == set(contract.GPUS)
-    assert _literal_values(fields["model"].annotation) == set(contract.MODELS)
-    assert _literal_values(TrafficClass.model_fields["base"].annotation) == set(
-        contract.USER_CLASSES
-    )
+    assert {make_policy(name).name for name in contract.POLICIES} == set(contract.POLICIES)
+    assert set(contract.GPUS) <= set(GPUS)
+    assert set(contract.MODELS) <= set(PROFILES)
 
 
 def test_the_security_probes_roles_are_the_contracts() -> None:
@@ -125,3 +112,112 @@ def test_the_security_probes_roles_are_the_contracts() -> None:
 
     assert (metrics_security.ESCALATION, *metrics_security.ROLES) == contract.PROBE_ROLES
     assert {"asked_priority", "probe", "probe_group"} <= set(contract.REQUEST_COLUMNS)
+
+
+# -- the enums ---------------------------------------------------------------------------
+
+
+def test_priorities_are_in_rank_order() -> None:
+    assert [p.rank for p in Priority] == [0, 1, 2]
+    assert min(Priority, key=lambda p: p.rank) is Priority.CRITICAL
+    assert contract.PRIORITIES == ("critical", "interactive", "batch")
+
+
+def test_outcome_groupings() -> None:
+    assert BROKEN_OUTCOMES < FAILED_OUTCOMES
+    assert FAILED_OUTCOMES.isdisjoint(ANSWERED_OR_CANCELLED | {Outcome.REJECTED})
+    assert {o for o in Outcome if o.unserved} == FAILED_OUTCOMES | {Outcome.REJECTED}
+    assert [o for o in Outcome if o.failed] == [o for o in Outcome if o in FAILED_OUTCOMES]
+    assert not Outcome.REJECTED.failed and Outcome.ERROR.failed and not Outcome.ERROR.broken
+
+
+def test_an_outcome_is_its_plain_name_on_every_path() -> None:
+    assert json.dumps({"outcome": Outcome.OK}) == '{"outcome": "ok"}'
+    assert f"{Outcome.PROTOCOL_ERROR}" == "protocol_error" and Outcome("ok") is Outcome.OK
+
+
+@pytest.mark.parametrize(
+    ("code", "status", "cause", "retryable"),
+    [
+        (RejectCode.TENANT_QUOTA, 429, RejectCause.POLICY, True),
+        (RejectCode.CAPACITY, 503, RejectCause.CAPACITY, True),
+        (RejectCode.DEADLINE_EXPIRED, 503, RejectCause.CAPACITY, True),
+        (RejectCode.TOO_LONG, 400, None, False),
+        (RejectCode.PRIORITY_NOT_ALLOWED, 403, RejectCause.POLICY, False),
+    ],
+)
+def test_a_reject_code_has_its_status_cause_and_retry(
+    code: RejectCode, status: int, cause: RejectCause | None, retryable: bool
+) -> None:
+    assert (code.http_status, code.cause, code.retryable) == (status, cause, retryable)
+
+
+@pytest.mark.parametrize(
+    ("status", "code", "cause"),
+    [
+        (503, "capacity", RejectCause.CAPACITY),
+        (429, "deadline_expired", RejectCause.CAPACITY),  # the code says more than the status
+        (503, "tenant_quota", RejectCause.POLICY),
+        (503, None, RejectCause.CAPACITY),  # a server that names no code: by its status
+        (429, "slow_down", RejectCause.POLICY),
+        (400, "too_long", None),
+        (500, None, None),
+    ],
+)
+def test_rejection_cause_by_code_then_status(
+    status: int, code: str | None, cause: RejectCause | None
+) -> None:
+    assert contract.rejection_cause(status, code) is cause
+
+
+def test_lifecycle_events_are_the_replicas_own() -> None:
+    lifecycle = {k for k in EventKind if k.lifecycle}
+    assert lifecycle == {EventKind.REPLICA_STARTED, EventKind.REPLICA_DIED, EventKind.OOM}
+    with pytest.raises(ValueError, match="released is a request's event"):
+        ServerEvent.lifecycle(0.0, "r0", 1, EventKind.RELEASED, None)
+
+
+# -- the records -------------------------------------------------------------------------
+
+
+def test_both_writers_of_lifecycle_rows_write_the_same_row(tmp_path: Path) -> None:
+    """The replica's own event log and the harness's monitor write lifecycle rows of one
+    shape: no request, nothing held, and no pool reading (None, never a made-up 0)."""
+    from harness.samplers.events import lifecycle_row
+    from server.replica.events import EventLog
+
+    log = EventLog("r0", tmp_path)
+    log.append_lifecycle(EventKind.REPLICA_DIED, "exit_code=1")
+    log.close()
+    server = json.loads((tmp_path / "r0.events.jsonl").read_text())
+    harness = json.loads(json.dumps(lifecycle_row(1.0, "r0", -1, EventKind.REPLICA_DIED, "x")))
+    varies = {"t", "seq", "reason"}
+    assert tuple(server) == tuple(harness) == contract.SERVER_EVENT_COLUMNS
+    assert {k: v for k, v in server.items() if k not in varies} == {
+        k: v for k, v in harness.items() if k not in varies
+    }
+    assert server["pool_used_blocks"] is None and server["pool_total_blocks"] is None
+
+
+def test_records_keep_their_annotated_types_through_the_run_directory(tmp_path: Path) -> None:
+    """A record written with enums comes back as plain names, each number column numeric."""
+    from contract.records import column_types
+    from gates import schema
+    from gates.rundir import read_table
+    from harness.rundir import TableWriter, compact
+
+    event = ServerEvent(
+        t=1.5, replica="r0", seq=3, request_id="a", tenant="acme", priority=Priority.BATCH,
+        event=EventKind.RELEASED, blocks=4, reserved_tokens=0, used_tokens=0, reason=None,
+        pool_used_blocks=None, pool_total_blocks=100,
+    )  # fmt: skip
+    writer = TableWriter(tmp_path, schema.SERVER_EVENTS)
+    writer.write(event.row())
+    writer.close()
+    compact(tmp_path)
+    frame = read_table(tmp_path, schema.SERVER_EVENTS).frame
+    row = frame.iloc[0]
+    assert (row["event"], row["priority"], row["blocks"], row["t"]) == ("released", "batch", 4, 1.5)
+    assert math.isnan(row["pool_used_blocks"])
+    numeric = {c for c, kind in column_types(ServerEvent).items() if kind is not str}
+    assert {c for c in frame.columns if frame[c].dtype.kind == "f"} == numeric

@@ -21,6 +21,8 @@ from locust import HttpUser, User, constant, task
 from locust.contrib.fasthttp import FastHttpUser
 from locust.env import Environment
 
+from contract import Outcome
+from contract.quantiles import percentile
 from workloads import connection
 from workloads.users.base import KvgateUser
 
@@ -108,7 +110,7 @@ class Ours(KvgateUser):
     def stream(self) -> None:
         result = self.send_prompt()
         Window.requests += 1
-        Window.not_ok += result.outcome != "ok"
+        Window.not_ok += result.outcome != Outcome.OK
         if result.ttft_s is None:
             return
         t = result.t_send + result.ttft_s
@@ -174,10 +176,8 @@ class FastUser(FastHttpUser):
 
 
 def _percentile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+    """The q-th percentile (0..100), or None (JSON has no NaN) when there is nothing."""
+    return percentile(values, q) if values else None
 
 
 def run(
@@ -213,11 +213,11 @@ def run(
         "cpu_s": cpu_s,
         "events_per_cpu_s": Window.events / cpu_s if cpu_s > 0 else None,
         "ttft_samples": len(errors_ms),
-        "ttft_err_ms_p50": _percentile(errors_ms, 0.50),
-        "ttft_err_ms_p99": _percentile(errors_ms, 0.99),
+        "ttft_err_ms_p50": _percentile(errors_ms, 50),
+        "ttft_err_ms_p99": _percentile(errors_ms, 99),
         "ttft_err_ms_max": max(errors_ms) if errors_ms else None,
-        "read_delay_ms_p50": _percentile(delays_ms, 0.50),
-        "read_delay_ms_p99": _percentile(delays_ms, 0.99),
+        "read_delay_ms_p50": _percentile(delays_ms, 50),
+        "read_delay_ms_p99": _percentile(delays_ms, 99),
     }
 
 

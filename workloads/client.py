@@ -4,7 +4,7 @@ It reads the socket as bytes arrive (no 1 KiB buffering), times TTFT at the firs
 carries content (or, from a server that streams usage on every chunk, counts a token),
 every inter-chunk gap and end-to-end on `time.perf_counter()`, takes token counts from the
 usage chunks, cancels on purpose by closing the connection, and turns
-every way a request can end into one of the outcomes of `contract.OUTCOMES` instead of
+every way a request can end into one `contract.Outcome` instead of
 raising. Connections are kept alive and reused when the server ends the body cleanly.
 """
 

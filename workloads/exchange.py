@@ -15,6 +15,7 @@ from gevent import GreenletExit
 from gevent.hub import Waiter
 
 import contract
+from contract import Outcome
 from workloads.connection import Connection
 from workloads.request import StreamRequest, StreamResult
 from workloads.wire import (
@@ -34,16 +35,13 @@ from workloads.wire import (
 if TYPE_CHECKING:
     from workloads.client import StreamClient
 
-# Error codes and statuses that mean "the server decided not to serve this now".
-REJECTION_CODES = frozenset(contract.REJECT_CODES)
-REJECTION_STATUSES = frozenset(contract.RETRY_STATUSES)
 MAX_ERROR_BODY_BYTES = 256 * 1024
 
 
 class End(Exception):
     """Raised inside an exchange to end it with an outcome."""
 
-    def __init__(self, outcome: str, code: str | None = None, message: str | None = None):
+    def __init__(self, outcome: Outcome, code: str | None = None, message: str | None = None):
         super().__init__(outcome, code, message)
         self.outcome, self.code, self.message = outcome, code, message
 
@@ -88,11 +86,11 @@ class Exchange:
             self._exchange()
         except gevent.Timeout as fired:
             if fired is self.head_timer:
-                self._end("timeout", "head_timeout", self._head_timeout_message())
+                self._end(Outcome.TIMEOUT, "head_timeout", self._head_timeout_message())
             elif fired is self.first_timer:
                 limit = self.request.first_token_timeout_s
                 message = f"no first token within {limit:g} s (first_token_timeout_s)"
-                self._end("timeout", "first_token_timeout", message)
+                self._end(Outcome.TIMEOUT, "first_token_timeout", message)
             elif fired is timer:
                 self._on_timer()
             else:
@@ -100,14 +98,14 @@ class Exchange:
         except End as end:
             self._end(end.outcome, end.code, end.message)
         except ProtocolError as exc:
-            self._end("protocol_error", "protocol_error", str(exc))
+            self._end(Outcome.PROTOCOL_ERROR, "protocol_error", str(exc))
         except OSError as exc:
             if self.reused and self.result.bytes_received == 0:
                 self._close()
                 raise Stale from exc
-            self._end("disconnected", "connection_lost", f"{type(exc).__name__}: {exc}")
+            self._end(Outcome.DISCONNECTED, "connection_lost", f"{type(exc).__name__}: {exc}")
         except GreenletExit:
-            self._end("cancelled", "user_stopped", "the load generator stopped this user")
+            self._end(Outcome.CANCELLED, "user_stopped", "the load generator stopped this user")
             raise
         finally:
             timer.close()
@@ -139,7 +137,7 @@ class Exchange:
             self.conn, self.reused = client.acquire(self.request.connect_timeout_s, self.fresh)
         except OSError as exc:
             raise End(
-                "error",
+                Outcome.ERROR,
                 "connect_failed",
                 f"cannot connect to {client.target.host}:{client.target.port}: {exc}",
             ) from exc
@@ -153,7 +151,9 @@ class Exchange:
                 if self.reused and not buf:
                     self._close()
                     raise Stale
-                raise End("disconnected", "connection_closed", "closed before a response head")
+                raise End(
+                    Outcome.DISCONNECTED, "connection_closed", "closed before a response head"
+                )
             buf += data
             end = buf.find(b"\r\n\r\n")
             if end >= 0:
@@ -180,10 +180,12 @@ class Exchange:
         code, message = error_fields(body)
         status = head.status
         code = code or f"http_{status}"
-        rejected = status in REJECTION_STATUSES or code in REJECTION_CODES
+        # A refusal status, or a reject code whatever the status: the server decided not to
+        # serve this now.
+        rejected = status in contract.RETRY_STATUSES or code in contract.REJECT_CODES
         if decoder.done and head.keep_alive:
             self._keep()
-        self._end("rejected" if rejected else "error", code, message)
+        self._end(Outcome.REJECTED if rejected else Outcome.ERROR, code, message)
 
     def _read_body(self, decoder: BodyDecoder, data: bytes) -> bytes:
         parts: list[bytes] = []
@@ -199,7 +201,9 @@ class Exchange:
             if not data:
                 if isinstance(decoder, LengthDecoder) and decoder.until_close:
                     return b"".join(parts)
-                raise End("disconnected", "connection_closed", "closed mid-way through a body")
+                raise End(
+                    Outcome.DISCONNECTED, "connection_closed", "closed mid-way through a body"
+                )
 
     def _read_stream(self, head: ResponseHead, events: EventStream, data: bytes, t: float) -> None:
         content_type = head.headers.get("content-type", "")
@@ -249,7 +253,7 @@ class Exchange:
         if not data:
             if events.until_close:
                 self._ended_without_done()
-            raise End("disconnected", "connection_closed", "closed mid-stream")
+            raise End(Outcome.DISCONNECTED, "connection_closed", "closed mid-stream")
         for event in events.feed(data):
             if self._on_event(event, t_arr):
                 return read_at
@@ -271,7 +275,7 @@ class Exchange:
         try:
             if "error" in chunk:
                 code, message = error_object_fields(chunk["error"])
-                raise End("error", code or "stream_error", message)
+                raise End(Outcome.ERROR, code or "stream_error", message)
             content = None
             choices = chunk.get("choices")
             for choice in choices or ():
@@ -326,35 +330,39 @@ class Exchange:
     # -- endings ------------------------------------------------------------------------
 
     def _on_done(self, head: ResponseHead, events: EventStream, t_arr: float) -> None:
-        self.result.outcome = "ok"
+        self.result.outcome = Outcome.OK
         self.result.e2e_s = t_arr - self.t0
         conn, self.conn = self._connection, None
         self.client.settle(conn, events, head.keep_alive)
 
     def _ended_without_done(self) -> None:
         if self.result.finish_reason is not None:
-            raise End("ok")
+            raise End(Outcome.OK)
         raise ProtocolError("the stream ended without `data: [DONE]` or a finish_reason")
 
     def _cancel(self) -> End:
         """Closes the connection on purpose: the server must see the client go away."""
         self.result.cancel_at = time.time()
         self._close()
-        return End("cancelled")
+        return End(Outcome.CANCELLED)
 
     def _on_timer(self) -> None:
-        if self.result.outcome == "ok":  # fired while settling the connection: nothing to judge
+        if (
+            self.result.outcome == Outcome.OK
+        ):  # fired while settling the connection: nothing to judge
             self._close()
             return
         if self.cancel_t <= self.deadline:  # the timer was armed for the cancel, not a timeout
             self._end(self._cancel().outcome)
             return
-        self._end("timeout", "client_timeout", f"no ending within {self.request.timeout_s:g} s")
+        self._end(
+            Outcome.TIMEOUT, "client_timeout", f"no ending within {self.request.timeout_s:g} s"
+        )
 
     def _head_timeout_message(self) -> str:
         return f"no response head within {self.request.head_timeout_s:g} s (head_timeout_s)"
 
-    def _end(self, outcome: str, code: str | None = None, message: str | None = None) -> None:
+    def _end(self, outcome: Outcome, code: str | None = None, message: str | None = None) -> None:
         result = self.result
         result.outcome = outcome
         result.error_code = code

@@ -1,14 +1,12 @@
 """Per-request records and the one Locust hook they leave through.
 
-`RequestRecord` has exactly the columns of `contract.REQUEST_COLUMNS`, in that order (a test
-keeps the two in step). Every finished request fires
+A record is a `contract.RequestRecord` (the `requests` table's row). Every finished request fires
 `environment.events.kvgate_record.fire(record=...)` exactly once — the harness listens there
 and writes `requests.jsonl` — and Locust's own `request` event for the web UI and CSVs.
 """
 
 from __future__ import annotations
 
-import math
 import os
 import socket
 from dataclasses import dataclass
@@ -17,46 +15,12 @@ from typing import Any
 from locust.env import Environment
 from locust.event import EventHook
 
+from contract import Outcome, RequestRecord
+from contract.quantiles import percentile_of_sorted
 from workloads.client import StreamResult
 
 RECORD_HOOK = "kvgate_record"
 WORKER_NAME = f"{socket.gethostname()}:{os.getpid()}"
-
-
-@dataclass(slots=True)
-class RequestRecord:
-    """One row of the `requests` table: the request's identity, timings and ending."""
-
-    request_id: str
-    traffic_class: str
-    tenant: str
-    priority: str
-    api_key_name: str | None
-    replica: str | None
-    worker: str
-    t_send: float
-    ttft_s: float | None
-    e2e_s: float | None
-    itl_mean_s: float | None
-    itl_p50_s: float | None
-    itl_p99_s: float | None
-    itl_max_s: float | None
-    chunks: int
-    prompt_tokens: int | None
-    completion_tokens: int | None
-    cached_tokens: int | None
-    target_prompt_tokens: int
-    max_tokens: int | None
-    outcome: str
-    http_status: int | None
-    error_code: str | None
-    error_message: str | None
-    retry_after_s: float | None
-    cancel_at: float | None
-    finish_reason: str | None
-    asked_priority: str | None = None
-    probe: str | None = None
-    probe_group: str | None = None
 
 
 @dataclass(slots=True, frozen=True)
@@ -90,8 +54,8 @@ def build_record(meta: RequestMeta, result: StreamResult) -> RequestRecord:
         ttft_s=result.ttft_s,
         e2e_s=result.e2e_s,
         itl_mean_s=sum(gaps) / len(gaps) if has_gaps else None,
-        itl_p50_s=_nearest_rank(gaps, 0.50) if has_gaps else None,
-        itl_p99_s=_nearest_rank(gaps, 0.99) if has_gaps else None,
+        itl_p50_s=percentile_of_sorted(gaps, 50) if has_gaps else None,
+        itl_p99_s=percentile_of_sorted(gaps, 99) if has_gaps else None,
         itl_max_s=gaps[-1] if has_gaps else None,
         chunks=result.chunks,
         prompt_tokens=result.prompt_tokens,
@@ -110,11 +74,6 @@ def build_record(meta: RequestMeta, result: StreamResult) -> RequestRecord:
         probe=meta.probe,
         probe_group=meta.probe_group,
     )
-
-
-def _nearest_rank(sorted_values: list[float], q: float) -> float:
-    index = max(0, min(len(sorted_values) - 1, math.ceil(q * len(sorted_values)) - 1))
-    return sorted_values[index]
 
 
 def install_record_hook(environment: Environment) -> EventHook:
@@ -138,7 +97,7 @@ def emit(environment: Environment, meta: RequestMeta, result: StreamResult) -> R
     """Fires the record hook once, then Locust's `request` events (TTFT and end-to-end rows)."""
     record = build_record(meta, result)
     install_record_hook(environment).fire(record=record)
-    failed = record.outcome not in ("ok", "cancelled")
+    failed = Outcome(record.outcome).unserved
     exception = (
         # Outcome and code only: Locust groups failures by their text, and messages vary.
         RequestFailure(f"{record.outcome}: {record.error_code or 'no code'}") if failed else None

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from contract import Outcome
+
 
 @dataclass(slots=True)
 class StreamRequest:
@@ -33,7 +35,7 @@ class StreamResult:
 
     request_id: str
     t_send: float  # epoch s, taken together with the perf_counter origin of every duration
-    outcome: str = "error"
+    outcome: Outcome = Outcome.ERROR
     http_status: int | None = None
     error_code: str | None = None
     error_message: str | None = None

@@ -30,7 +30,9 @@ from typing import Any, ClassVar
 from locust import LoadTestShape, User
 
 import contract
-from workloads.records import RequestRecord, install_record_hook
+from contract import Outcome, RequestRecord
+from contract.quantiles import censored_latency, percentile
+from workloads.records import install_record_hook
 
 Tick = tuple[int, float] | tuple[int, float, list[type[User]] | None] | None
 # Beyond its ramp time, how long a transition step may wait for the runner to reach its count.
@@ -83,7 +85,8 @@ class StepRampShape(RecordingShape):
     first step whose *capacity* refusals pass `rejection_threshold` (the server's own limit);
     policy refusals (one tenant's quota) are counted and their step recorded, but never end
     the ramp. With `slo_ttft_p95_s`, a step whose TTFT p95 (of `slo_traffic_classes`, or of
-    every class) passes it is a knee too (the SLO knee). Stops when timeouts pass
+    every class) passes it is a knee too (the SLO knee); the p95 counts a request the server
+    never answered as +inf, as the gates' TTFT does (contract.quantiles). Stops when timeouts pass
     `timeout_threshold`, `overload_steps` steps after the capacity or SLO knee (to see
     whether overload turns into timeouts), at `max_users` after its step, or at
     `max_duration_s`.
@@ -117,7 +120,7 @@ class StepRampShape(RecordingShape):
         super().__init__()
         self.steps: list[dict[str, Any]] = []
         self._step_starts: list[float] = []
-        self._ttfts: list[list[float]] = []  # per step, the answered requests' TTFT
+        self._ttfts: list[list[float]] = []  # per step, TTFTs as the gates count them
         self.rejection_started_users: int | None = None  # the capacity knee
         self.policy_rejection_started_users: int | None = None
         self.slo_broken_users: int | None = None
@@ -206,16 +209,18 @@ class StepRampShape(RecordingShape):
             return  # sent before the ramp began: not load this shape applied
         step = self.steps[position]
         step["requests"] += 1
-        step["timeouts"] += record.outcome == "timeout"
-        if record.outcome == "rejected":
+        step["timeouts"] += record.outcome == Outcome.TIMEOUT
+        if record.outcome == Outcome.REJECTED:
             step["rejected"] += 1
             cause = contract.rejection_cause(record.http_status, record.error_code)
             step[f"rejected_{cause or 'other'}"] += 1
         slo_classes = self.slo_traffic_classes
-        if record.ttft_s is not None and (
-            slo_classes is None or record.traffic_class in slo_classes
-        ):
-            self._ttfts[position].append(float(record.ttft_s))
+        if slo_classes is None or record.traffic_class in slo_classes:
+            # As the gates count it: a request the server never answered is slower than any
+            # line (+inf), not absent; a client's cancel or a 4xx refusal is left out.
+            ttft = censored_latency(record.ttft_s, record.outcome, record.http_status)
+            if ttft is not None:
+                self._ttfts[position].append(ttft)
 
     def _listen(self) -> None:
         if self._listening:
@@ -256,8 +261,7 @@ class StepRampShape(RecordingShape):
             if step["requests"] < self.min_requests:
                 continue
             if ttfts:
-                ordered = sorted(ttfts)
-                step["ttft_p95_s"] = ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))]
+                step["ttft_p95_s"] = percentile(ttfts, 95)
             for knee, hit in self._crossed(step).items():
                 if hit and getattr(self, knee) is None:
                     setattr(self, knee, step["users"])

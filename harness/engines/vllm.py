@@ -20,7 +20,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import urlsplit
 
-from gates.schema import SERVER_EVENT_COLUMNS
+from contract import EventKind, ServerEvent
 
 if TYPE_CHECKING:
     from harness.plan import VllmTarget
@@ -314,14 +314,14 @@ def kvgate_request_id(vllm_id: str) -> str:
 
 EVENT_KINDS: Final = MappingProxyType(
     {
-        "init": "replica_started",
-        "queued": "queued",
-        "admitted": "admitted",
-        "preempted": "preempted",
-        "resumed": "resumed",
-        "finished": "finished",
-        "aborted": "cancelled",
-        "released": "released",
+        "init": EventKind.REPLICA_STARTED,
+        "queued": EventKind.QUEUED,
+        "admitted": EventKind.ADMITTED,
+        "preempted": EventKind.PREEMPTED,
+        "resumed": EventKind.RESUMED,
+        "finished": EventKind.FINISHED,
+        "aborted": EventKind.CANCELLED,
+        "released": EventKind.RELEASED,
     }
 )
 
@@ -357,27 +357,27 @@ def event_rows(raw: Mapping[str, Any], priority_names: Mapping[int, str]) -> lis
         )
     blocks = int(raw.get("blocks") or 0)
     vllm_id, priority, reason = raw.get("vllm_id"), raw.get("priority"), raw.get("reason")
-    held = kind != "released" and blocks > 0
+    held = kind is not EventKind.RELEASED and blocks > 0
     tokens = int(raw.get("prompt_tokens") or 0) + int(raw.get("output_tokens") or 0)
-    if kind == "replica_started":
+    if kind is EventKind.REPLICA_STARTED:
         reason = (
             f"vllm {raw.get('vllm_version')} {raw.get('scheduler')}: {raw.get('policy')} "
             f"policy, {raw.get('pool_total_blocks')} blocks of {raw.get('block_size')} tokens "
             f"(EngineCore pid {raw.get('pid')})"
         )
-    row = {
-        "t": float(raw["t"]),
-        "replica": REPLICA,
-        "seq": int(raw["seq"]),
-        "request_id": None if vllm_id is None else kvgate_request_id(str(vllm_id)),
-        "tenant": None,
-        "priority": None if priority is None else priority_names.get(int(priority), str(priority)),
-        "event": kind,
-        "blocks": blocks,
-        "reserved_tokens": 0,
-        "used_tokens": tokens if held else 0,
-        "reason": reason,
-        "pool_used_blocks": int(raw["pool_used_blocks"]),
-        "pool_total_blocks": int(raw["pool_total_blocks"]),
-    }
-    return [{column: row[column] for column in SERVER_EVENT_COLUMNS}]
+    event = ServerEvent(
+        t=float(raw["t"]),
+        replica=REPLICA,
+        seq=int(raw["seq"]),
+        request_id=None if vllm_id is None else kvgate_request_id(str(vllm_id)),
+        tenant=None,
+        priority=None if priority is None else priority_names.get(int(priority), str(priority)),
+        event=kind,
+        blocks=blocks,
+        reserved_tokens=0,
+        used_tokens=tokens if held else 0,
+        reason=reason,
+        pool_used_blocks=int(raw["pool_used_blocks"]),
+        pool_total_blocks=int(raw["pool_total_blocks"]),
+    )
+    return [event.row()]

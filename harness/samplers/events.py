@@ -17,25 +17,11 @@ import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from contract import SERVER_EVENT_COLUMNS, EventKind, ServerEvent
 from harness.samplers.http import Response, request
 from harness.samplers.prometheus import Endpoint, Row
 
 MAX_PAGES_PER_TICK = 50  # bounds one drain; the next tick continues from the cursor
-EVENT_FIELDS = (
-    "t",
-    "replica",
-    "seq",
-    "request_id",
-    "tenant",
-    "priority",
-    "event",
-    "blocks",
-    "reserved_tokens",
-    "used_tokens",
-    "reason",
-    "pool_used_blocks",
-    "pool_total_blocks",
-)
 
 
 @dataclass(slots=True)
@@ -101,7 +87,7 @@ class EventCollector:
                 self.errors += 1
                 break
             page = [json.loads(line) for line in resp.body.splitlines() if line.strip()]
-            rows.extend({f: event.get(f) for f in EVENT_FIELDS} for event in page)
+            rows.extend({f: event.get(f) for f in SERVER_EVENT_COLUMNS} for event in page)
             next_cursor = resp.headers.get("x-next-cursor")
             if next_cursor is not None:
                 self.cursor = next_cursor
@@ -110,22 +96,8 @@ class EventCollector:
         return rows
 
 
-def lifecycle_row(t: float, replica: str, seq: int, event: str, reason: str | None) -> Row:
-    return {
-        "t": t,
-        "replica": replica,
-        "seq": seq,
-        "request_id": None,
-        "tenant": None,
-        "priority": None,
-        "event": event,
-        "blocks": 0,
-        "reserved_tokens": 0,
-        "used_tokens": 0,
-        "reason": reason,
-        "pool_used_blocks": None,
-        "pool_total_blocks": None,
-    }
+def lifecycle_row(t: float, replica: str, seq: int, event: EventKind, reason: str | None) -> Row:
+    return ServerEvent.lifecycle(t, replica, seq, event, reason).row()
 
 
 class LifecycleMonitor:
@@ -187,7 +159,7 @@ class LifecycleMonitor:
             if now.state == "running":
                 rows.append(
                     lifecycle_row(
-                        t, now.id, self._next_seq(), "replica_started", "harness: running"
+                        t, now.id, self._next_seq(), EventKind.REPLICA_STARTED, "harness: running"
                     )
                 )
             return rows
@@ -197,11 +169,13 @@ class LifecycleMonitor:
             rows.extend(self._died(t, now.id, exit_code))
         if now.state == "running" and (restarted or before.state != "running"):
             reason = f"harness: restart {now.restarts}" if restarted else "harness: running"
-            rows.append(lifecycle_row(t, now.id, self._next_seq(), "replica_started", reason))
+            rows.append(
+                lifecycle_row(t, now.id, self._next_seq(), EventKind.REPLICA_STARTED, reason)
+            )
         return rows
 
     def _died(self, t: float, replica: str, exit_code: int | None) -> list[Row]:
         # the replica logs its own `oom` row before it exits; the death row says why it died
         oom = self._is_oom(replica, exit_code)
         reason = f"harness: exit_code={exit_code}" + (" oom (CUDA out of memory)" if oom else "")
-        return [lifecycle_row(t, replica, self._next_seq(), "replica_died", reason)]
+        return [lifecycle_row(t, replica, self._next_seq(), EventKind.REPLICA_DIED, reason)]

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import psutil
 
+from contract import EventKind
 from gates import schema
 from harness.jsonl import JsonlTail
 from harness.rundir import TableWriter
@@ -144,8 +145,8 @@ def oom_detector(state_dir: str | None) -> Callable[[str, int | None], bool]:
                 event = json.loads(line).get("event")
             except json.JSONDecodeError:
                 continue  # a torn line
-            if event in ("oom", "replica_started"):
-                return bool(event == "oom")
+            if event in (EventKind.OOM, EventKind.REPLICA_STARTED):
+                return bool(event == EventKind.OOM)
         return False
 
     return is_oom

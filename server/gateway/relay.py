@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import aiohttp
 from aiohttp import web
 
+from contract import Mutant
 from server.gateway.ledger import Ledger
 from server.gateway.routing import Router
 from server.gateway.supervisor import ReplicaProc, Supervisor
@@ -25,7 +26,6 @@ from server.headers import QUEUE_DEADLINE_HEADER
 from server.metrics import GatewayMetrics
 from server.protocol import ApiError
 from server.replica.app import INTERNAL_TOKEN_HEADER
-from server.scheduler.mutants import Mutant
 from server.tenants import Identity
 
 DEATH_CONFIRM_S = 1.5  # after a broken upstream, how long to wait for the process to exit

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from contract import EventKind
 from server.replica.events import EventLog
 from server.replica.runtime import INTERNAL_TOKEN_ENV, PARENT_PID_ENV
 
@@ -125,7 +126,7 @@ class Supervisor:
         if self._stopping:
             return  # a deliberate shutdown is not a death worth an event
         log = EventLog(rep.id, self._state_dir)
-        log.append_lifecycle("replica_died", f"exit_code={code}")
+        log.append_lifecycle(EventKind.REPLICA_DIED, f"exit_code={code}")
         log.close()
         rep.died.set()
         self._on_death(rep)

@@ -11,6 +11,7 @@ import signal
 import sys
 from collections.abc import Sequence
 
+from contract import EventKind
 from server.httputil import start_site, write_json_atomic
 from server.options import (
     add_engine_args,
@@ -49,7 +50,7 @@ async def serve(args: argparse.Namespace) -> int:
     runner, port = await start_site(build_app(rt), args.host, args.port, limits)
     _tune_gc()
     rt.loop.start()
-    rt.events.append_lifecycle("replica_started")
+    rt.events.append_lifecycle(EventKind.REPLICA_STARTED)
     url = f"http://{args.host}:{port}"
     mode = "behind its gateway" if rt.internal_token else "standalone (takes API keys)"
     print(

@@ -32,7 +32,7 @@ from server.protocol import ApiError, ParsedRequest, model_not_found
 from server.replica.loop import StepLoop
 from server.replica.runtime import ReplicaRuntime
 from server.replica.streams import Stream, StreamSpec
-from server.scheduler import Outcome, PrefixSpec, Priority, SeqRequest
+from server.scheduler import Decision, PrefixSpec, Priority, SeqRequest
 from server.tenants import Identity
 
 INTERNAL_TOKEN_HEADER = "X-Kvgate-Internal-Token"
@@ -142,10 +142,10 @@ class ReplicaHandlers:
             deadline_ms=prep.deadline_ms,
         )
         adm = self.loop.submit(stream, req)
-        if adm.outcome is Outcome.REJECT:
+        if adm.outcome is Decision.REJECT:
             code = adm.reason.value if adm.reason else "capacity"
             raise ApiError(adm.http_status, code, adm.message, adm.retry_after_s)
-        if adm.outcome is Outcome.QUEUE:
+        if adm.outcome is Decision.QUEUE:
             await stream.admitted
 
     async def _stream(

@@ -1,7 +1,7 @@
 """The replica's per-request event log: a cursor-readable memory window plus an append-only
 JSON-lines file in the state dir (`<state-dir>/<replica-id>.events.jsonl`).
 
-Rows carry the columns of `gates.schema.SERVER_EVENT_COLUMNS`. `seq` is per replica and keeps
+Each row is a `contract.ServerEvent`. `seq` is per replica and keeps
 counting across restarts (it resumes from the file), so (replica, seq) names a row for good.
 """
 
@@ -13,8 +13,8 @@ from collections import deque
 from collections.abc import Iterable
 from itertools import islice
 from pathlib import Path
-from typing import Any
 
+from contract import EventKind, ServerEvent
 from server.headers import client_id
 from server.scheduler import Event
 
@@ -32,25 +32,6 @@ def count_lines(path: Path) -> int:
         return sum(chunk.count(b"\n") for chunk in iter(lambda: fh.read(1 << 20), b""))
 
 
-def lifecycle_row(replica_id: str, seq: int, event: str, reason: str | None) -> dict[str, Any]:
-    """A replica_started / replica_died / oom row (no request)."""
-    return {
-        "t": time.time(),
-        "replica": replica_id,
-        "seq": seq,
-        "request_id": None,
-        "tenant": None,
-        "priority": None,
-        "event": event,
-        "blocks": 0,
-        "reserved_tokens": 0,
-        "used_tokens": 0,
-        "reason": reason,
-        "pool_used_blocks": 0,
-        "pool_total_blocks": 0,
-    }
-
-
 class EventLog:
     """Owns the replica's event rows. Invariant: rows in memory are a contiguous suffix of the
     file, in seq order, and every row is written to the file before it is readable here."""
@@ -66,31 +47,32 @@ class EventLog:
     def append_events(self, events: Iterable[Event]) -> None:
         lines = []
         for ev in events:
-            row = {
-                "t": ev.t,
-                "replica": self.replica_id,
-                "seq": self._seq,
+            row = ServerEvent(
+                t=ev.t,
+                replica=self.replica_id,
+                seq=self._seq,
                 # The scheduler keys requests by tenant-scoped id; a row names the client's id
                 # (its tenant is the next column).
-                "request_id": None if ev.request_id is None else client_id(ev.request_id),
-                "tenant": ev.tenant,
-                "priority": ev.priority.value,
-                "event": ev.event,
-                "blocks": ev.blocks,
-                "reserved_tokens": ev.reserved_tokens,
-                "used_tokens": ev.used_tokens,
-                "reason": ev.reason,
-                "pool_used_blocks": ev.pool_used_blocks,
-                "pool_total_blocks": ev.pool_total_blocks,
-            }
+                request_id=client_id(ev.request_id),
+                tenant=ev.tenant,
+                priority=ev.priority,
+                event=ev.event,
+                blocks=ev.blocks,
+                reserved_tokens=ev.reserved_tokens,
+                used_tokens=ev.used_tokens,
+                reason=ev.reason,
+                pool_used_blocks=ev.pool_used_blocks,
+                pool_total_blocks=ev.pool_total_blocks,
+            )
             lines.append(self._encode(row))
         self._flush(lines)
 
-    def append_lifecycle(self, event: str, reason: str | None = None) -> None:
-        self._flush([self._encode(lifecycle_row(self.replica_id, self._seq, event, reason))])
+    def append_lifecycle(self, event: EventKind, reason: str | None = None) -> None:
+        row = ServerEvent.lifecycle(time.time(), self.replica_id, self._seq, event, reason)
+        self._flush([self._encode(row)])
 
-    def _encode(self, row: dict[str, Any]) -> bytes:
-        line = json.dumps(row, separators=(",", ":")).encode() + b"\n"
+    def _encode(self, row: ServerEvent) -> bytes:
+        line = json.dumps(row.row(), separators=(",", ":")).encode() + b"\n"
         self._rows.append((self._seq, line))
         self._seq += 1
         return line

@@ -16,20 +16,21 @@ import traceback
 from collections import deque
 from collections.abc import Callable
 
+from contract import EventKind, Mutant
 from server.engine.sim import CostModel, CudaOutOfMemory, StepWork, VirtualGpu
 from server.protocol import ApiError
 from server.replica.events import EventLog
 from server.replica.streams import Stream
 from server.scheduler import (
     Admission,
-    Outcome,
+    Decision,
     PoolExhausted,
     Scheduler,
     SeqRequest,
     SeqState,
     StepPlan,
 )
-from server.scheduler.mutants import SLOW_RELEASE_S, Mutant
+from server.scheduler.mutants import SLOW_RELEASE_S
 
 IDLE_WORK = StepWork(prefill_tokens=0, decode_seqs=0, decode_context_tokens=0, sampled_seqs=0)
 
@@ -108,7 +109,7 @@ class StepLoop:
         adm = self.scheduler.submit(req)
         if adm.http_status == 200:
             stream.set_budget(adm.max_new_tokens, adm.cached_tokens)
-            if adm.outcome is Outcome.ADMIT:
+            if adm.outcome is Decision.ADMIT:
                 # Started now: the sweep reads `admitted` to tell a started stream (cut it)
                 # from a queued one (refuse it). Left unset, a stream admitted at once and
                 # then dropped by the scheduler was "refused" to a handler already waiting
@@ -324,7 +325,7 @@ class StepLoop:
 
     def _die_oom(self, exc: CudaOutOfMemory | PoolExhausted) -> None:
         """Die as a real replica does: the OOM line on stderr, non-zero exit, streams cut."""
-        self.events.append_lifecycle("oom", "cuda_out_of_memory")
+        self.events.append_lifecycle(EventKind.OOM, "cuda_out_of_memory")
         if isinstance(exc, PoolExhausted):  # what a real engine reports for it
             exc = CudaOutOfMemory(f"torch.OutOfMemoryError: CUDA out of memory. {exc}")
         sys.stderr.write(f"{exc}\n")

@@ -3,18 +3,17 @@
 Pure Python: no I/O, no asyncio; deterministic given the injected clock.
 """
 
+from contract import Priority, RejectCode
 from server.scheduler.config import SEED_CONFIG_PATH, ConfigError, SchedulerConfig, TenantQuota
 from server.scheduler.profiles import PROFILES, ModelProfile, get_profile
 from server.scheduler.scheduler import Scheduler
 from server.scheduler.types import (
     Admission,
+    Decision,
     Event,
-    Outcome,
     PoolExhausted,
     PrefillChunk,
     PrefixSpec,
-    Priority,
-    RejectReason,
     SchedulerStats,
     SeqRequest,
     SeqState,
@@ -26,14 +25,14 @@ __all__ = [
     "SEED_CONFIG_PATH",
     "Admission",
     "ConfigError",
+    "Decision",
     "Event",
     "ModelProfile",
-    "Outcome",
     "PoolExhausted",
     "PrefillChunk",
     "PrefixSpec",
     "Priority",
-    "RejectReason",
+    "RejectCode",
     "Scheduler",
     "SchedulerConfig",
     "SchedulerStats",

@@ -6,19 +6,20 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+from contract import RejectCode
 from server.scheduler.sequence import Sequence
-from server.scheduler.types import Admission, Outcome, RejectReason
+from server.scheduler.types import Admission, Decision
 
 if TYPE_CHECKING:
     from server.scheduler.scheduler import Scheduler
 
 
 def reject(
-    reason: RejectReason, message: str, max_new: int, retry_after_s: float | None = None
+    reason: RejectCode, message: str, max_new: int, retry_after_s: float | None = None
 ) -> Admission:
     """A rejection; Retry-After is whole seconds (at least 1) where waiting can help."""
     retry = float(max(1, math.ceil(retry_after_s or 1.0))) if reason.retryable else None
-    return Admission(Outcome.REJECT, reason, reason.http_status, retry, message, None, max_new, 0)
+    return Admission(Decision.REJECT, reason, reason.http_status, retry, message, None, max_new, 0)
 
 
 def screen(s: Scheduler, seq: Sequence) -> Admission | None:
@@ -27,7 +28,7 @@ def screen(s: Scheduler, seq: Sequence) -> Admission | None:
     model = s.config.profile
     if total > model.max_context:
         return reject(
-            RejectReason.TOO_LONG,
+            RejectCode.TOO_LONG,
             f"input plus max_tokens ({seq.prompt_len} + {seq.max_new} = {total} tokens) exceeds "
             f"the {model.max_context}-token context of {model.name}; shorten the input or "
             f"lower max_tokens",
@@ -40,7 +41,7 @@ def screen(s: Scheduler, seq: Sequence) -> Admission | None:
     limit = s.start_ceiling(seq)
     if seq.need_blocks > limit:
         return reject(
-            RejectReason.TOO_LONG,
+            RejectCode.TOO_LONG,
             f"input plus max_tokens ({total} tokens) needs {seq.need_blocks} KV blocks, more "
             f"than this replica can ever hold for one {seq.priority.value} request ({limit} "
             f"blocks); shorten the input or lower max_tokens",
@@ -58,14 +59,14 @@ def _screen_identity(s: Scheduler, seq: Sequence) -> Admission | None:
     if quota is None or quota.budget(seq.priority) <= 0:
         who = "unknown tenant" if quota is None else "your tenant"
         return reject(
-            RejectReason.PRIORITY_NOT_ALLOWED,
+            RejectCode.PRIORITY_NOT_ALLOWED,
             f"{who} {seq.tenant!r} may not send {prio} traffic to this replica; use an API key "
             f"that allows the {prio} class",
             seq.max_new,
         )
     if seq.prompt_len + seq.max_new > quota.max_context_tokens:
         return reject(
-            RejectReason.TOO_LONG,
+            RejectCode.TOO_LONG,
             f"input plus max_tokens exceeds your tenant's {quota.max_context_tokens}-token "
             f"context limit; shorten the input or lower max_tokens",
             seq.max_new,
@@ -80,7 +81,7 @@ def _screen_tenant(s: Scheduler, seq: Sequence) -> Admission | None:
     cap = s.share_cap_blocks
     if seq.need_blocks > cap:
         return reject(
-            RejectReason.TOO_LONG,
+            RejectCode.TOO_LONG,
             f"input plus max_tokens ({total} tokens, {seq.need_blocks} KV blocks) is larger than "
             f"your tenant's {s.config.tenant_max_share:.0%} share of the pool ({cap} blocks); "
             f"shorten the input or lower max_tokens",
@@ -136,13 +137,13 @@ def _screen_tenant(s: Scheduler, seq: Sequence) -> Admission | None:
 
 
 def _quota(seq: Sequence, wait: float, message: str) -> Admission:
-    return reject(RejectReason.TENANT_QUOTA, message, seq.max_new, wait)
+    return reject(RejectCode.TENANT_QUOTA, message, seq.max_new, wait)
 
 
 def deadline_rejection(s: Scheduler, seq: Sequence) -> Admission:
     waited = s.clock() - seq.t_submit
     return reject(
-        RejectReason.DEADLINE_EXPIRED,
+        RejectCode.DEADLINE_EXPIRED,
         f"the request waited {waited:.1f} s in the queue without capacity freeing (deadline "
         f"{seq.deadline - seq.t_submit:.1f} s); retry later or send it as batch work",
         seq.max_new,
@@ -153,7 +154,7 @@ def deadline_rejection(s: Scheduler, seq: Sequence) -> Admission:
 def soft_overage_rejection(s: Scheduler, seq: Sequence) -> Admission:
     soft = s.tenants[seq.tenant].soft_reserved_tokens
     return reject(
-        RejectReason.TENANT_QUOTA,
+        RejectCode.TENANT_QUOTA,
         f"the replica is under memory pressure and your tenant is over its soft quota ({soft} "
         f"reserved tokens); retry when your running requests finish",
         seq.max_new,

@@ -10,9 +10,10 @@ import sys
 import time
 from collections.abc import Sequence
 
+from contract import Priority
 from server.scheduler.config import SchedulerConfig, TenantQuota
 from server.scheduler.scheduler import Scheduler
-from server.scheduler.types import Outcome, Priority, SeqRequest
+from server.scheduler.types import Decision, SeqRequest
 from server.scheduler.victims import victim_order
 
 TENANTS = 8
@@ -61,7 +62,7 @@ def bench_admission(rounds: int = 5, per_round: int = 1000) -> list[float]:
             t0 = time.perf_counter_ns()
             verdict = s.submit(req)
             samples.append((time.perf_counter_ns() - t0) / 1000.0)
-            assert verdict.outcome is Outcome.ADMIT, verdict.message
+            assert verdict.outcome is Decision.ADMIT, verdict.message
     return samples
 
 
@@ -70,7 +71,7 @@ def _decoding_scheduler(n: int) -> Scheduler:
     s = Scheduler(_config(32.0 + n * 0.16, n + 1), _tenants())
     prompt = tuple(range(16))
     for i in range(n):
-        assert s.submit(_request(i, prompt, 1000)).outcome is Outcome.ADMIT
+        assert s.submit(_request(i, prompt, 1000)).outcome is Decision.ADMIT
     for _ in range(n):
         plan = s.schedule()
         s.commit(plan)

@@ -1,4 +1,4 @@
-"""Scheduler configuration (defaults in server/scheduler/seed.yaml) and tenant quotas, checked.
+"""Scheduler configuration (defaults: the seed's numbers, contract.seed) and tenant quotas, checked.
 
 A config is bound to the model digest, runtime version and GPU SKU it was calibrated on; its
 canonical digest (sha256 of sorted-key JSON) names it in reports and is what a rollback
@@ -17,11 +17,14 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+import contract
+from contract import Priority
+from contract.seed import SEED
 from server.scheduler.profiles import PROFILES, ModelProfile, get_profile
-from server.scheduler.types import Priority
 
 GIB = 1 << 30
-SEED_CONFIG_PATH = Path(__file__).with_name("seed.yaml")  # the reference server's default
+# An example config file: every key with its meaning and seed value, bound to the simulator.
+SEED_CONFIG_PATH = Path(__file__).with_name("seed.yaml")
 
 
 class ConfigError(ValueError):
@@ -29,25 +32,26 @@ class ConfigError(ValueError):
 
 
 class SchedulerConfig(BaseModel):
-    """Seed defaults. Watermarks are fractions of the KV pool (see Scheduler for what each one
-    compares); the pool is a fixed size, never "all memory left after weights"."""
+    """Seed defaults (contract.seed says what the seed's numbers mean). Watermarks are
+    fractions of the KV pool (see Scheduler for what each one compares); the pool is a fixed
+    size, never "all memory left after weights"."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    kv_pool_gib: float = Field(52.0, gt=0)
-    block_tokens: int = Field(16, ge=1, le=1024)
-    admission_watermark: float = Field(0.82, gt=0, lt=1)
-    batch_prefill_pause_watermark: float = Field(0.88, gt=0, lt=1)
-    hard_watermark: float = Field(0.92, gt=0, le=1)
-    interactive_reserve: float = Field(0.25, ge=0, lt=1)
+    kv_pool_gib: float = Field(SEED.kv_pool_gib, gt=0)
+    block_tokens: int = Field(SEED.block_tokens, ge=1, le=1024)
+    admission_watermark: float = Field(SEED.admission_watermark, gt=0, lt=1)
+    batch_prefill_pause_watermark: float = Field(SEED.batch_prefill_pause_watermark, gt=0, lt=1)
+    hard_watermark: float = Field(SEED.hard_watermark, gt=0, le=1)
+    interactive_reserve: float = Field(SEED.interactive_reserve, ge=0, lt=1)
     # Share of the pool just below hard_watermark that only critical work may commit: without
     # it, interactive work commits right up to the hard line and a critical request that
     # finds no batch work to preempt queues until something finishes.
     critical_reserve: float = Field(0.02, ge=0, lt=1)
-    tenant_max_share: float = Field(0.15, gt=0, le=1)
-    queue_deadline_ms: int = Field(8000, ge=1)
-    max_new_tokens_default: int = Field(1024, ge=1)
-    model: str = "llama-3-8b"
+    tenant_max_share: float = Field(SEED.tenant_max_share, gt=0, le=1)
+    queue_deadline_ms: int = Field(SEED.queue_deadline_ms, ge=1)
+    max_new_tokens_default: int = Field(SEED.max_new_tokens_default, ge=1)
+    model: str = contract.DEFAULT_MODEL
     overhead_factor: float = Field(1.05, ge=1.0, le=4.0)  # measured: allocator + metadata
     safety_factor: float = Field(1.10, ge=1.0, le=4.0)  # margin for estimation error
     step_token_budget: int = Field(8192, ge=1)  # most tokens batched in one step

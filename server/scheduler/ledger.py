@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
+from contract import Priority
 from server.scheduler.sequence import Sequence
-from server.scheduler.types import PRIORITIES_BY_RANK, Priority
 
 Snapshot = tuple[int, int, int, int, int]  # active, reserved tokens, commit blocks, headroom, ctx
 
@@ -149,5 +149,5 @@ class TenantLedger:
             marks = [s.gpu_mark for s in live if s.tenant == tenant and s.gpu_mark is not None]
             assert acct.decoders == len(marks), f"decode meter drift for {tenant}"
             assert abs(acct.decoder_marks - sum(marks)) < 1e-6 * (1.0 + self.meter)
-        for prio in PRIORITIES_BY_RANK:
+        for prio in Priority:
             assert self.running_by_priority[prio] == sum(1 for s in live if s.priority is prio)

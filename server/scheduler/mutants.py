@@ -1,29 +1,15 @@
 """The named scheduler and server bugs (mutants) the reference server can carry, off by default.
 
-`contract.MUTANTS` holds each one's name, summary and the gates that must catch it; this enum
-is the server's handle on the same names (a test keeps the two equal). A mutant is switched
-on for a whole deployment (`kvgate serve --mutant NAME`) so `kvgate qualify` can prove each
-release gate catches the bug it exists for. Code that carries a bug reads `Mutant.X in ...`
-at the one place the bug lives.
+`contract.Mutant` names them and `contract.MUTANTS` holds each one's summary and the gates
+that must catch it; this module parses a name and holds the numbers of the bugs that have
+one. A mutant is switched on for a whole deployment (`kvgate serve --mutant NAME`) so
+`kvgate qualify` can prove each release gate catches the bug it exists for. Code that carries
+a bug reads `Mutant.X in ...` at the one place the bug lives.
 """
 
 from __future__ import annotations
 
-import enum
-
-
-class Mutant(enum.Enum):
-    SLOW_RELEASE = "slow_release"
-    LEAK_ON_CANCEL = "leak_on_cancel"
-    NO_TENANT_CAP = "no_tenant_cap"
-    DROP_PREEMPTED = "drop_preempted"
-    PREEMPT_BY_AGE = "preempt_by_age"
-    BATCH_IGNORES_PEAK = "batch_ignores_peak"
-    QUEUE_INSTEAD_OF_REFUSE = "queue_instead_of_refuse"
-    DOUBLE_HOLD_AFTER_FAILOVER = "double_hold_after_failover"
-    UNDERESTIMATE_KV = "underestimate_kv"
-    TRUST_PRIORITY_HEADER = "trust_priority_header"
-    SHARED_PRIVATE_PREFIX = "shared_private_prefix"
+from contract import Mutant
 
 
 def parse_mutant(name: str | None) -> Mutant | None:

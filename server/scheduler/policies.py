@@ -13,10 +13,10 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 import contract
+from contract import Mutant, Priority
 from server.scheduler.config import SchedulerConfig
-from server.scheduler.mutants import Mutant
 from server.scheduler.sequence import Sequence
-from server.scheduler.types import Admission, Priority
+from server.scheduler.types import Admission
 from server.scheduler.victims import victim_order
 
 if TYPE_CHECKING:

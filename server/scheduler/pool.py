@@ -11,7 +11,7 @@ import hashlib
 from collections import OrderedDict
 from collections.abc import Sequence as Seq
 
-from server.scheduler.mutants import Mutant
+from contract import Mutant
 from server.scheduler.types import PrefixSpec
 
 

@@ -11,6 +11,7 @@ from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import replace
 
+from contract import EventKind, Mutant, Priority, RejectCode
 from server.scheduler import step
 from server.scheduler.admission import (
     deadline_rejection,
@@ -21,18 +22,15 @@ from server.scheduler.admission import (
 from server.scheduler.config import SchedulerConfig, TenantQuota
 from server.scheduler.decodeset import DecodeSet
 from server.scheduler.ledger import TenantLedger
-from server.scheduler.mutants import LEAK_EVERY, Mutant
+from server.scheduler.mutants import LEAK_EVERY
 from server.scheduler.policies import make_policy
 from server.scheduler.pool import BlockPool, prefix_block_keys
 from server.scheduler.sequence import Sequence
 from server.scheduler.stats import collect_stats
 from server.scheduler.types import (
-    PRIORITIES_BY_RANK,
     Admission,
+    Decision,
     Event,
-    Outcome,
-    Priority,
-    RejectReason,
     SchedulerStats,
     SeqRequest,
     SeqState,
@@ -76,7 +74,7 @@ class Scheduler:
         self.queue = WaitQueue()
         self.share_cap_blocks = int(config.tenant_max_share * self.pool.num_blocks)
         self._running: dict[str, Sequence] = {}
-        self.prefilling: dict[Priority, dict[str, Sequence]] = {p: {} for p in PRIORITIES_BY_RANK}
+        self.prefilling: dict[Priority, dict[str, Sequence]] = {p: {} for p in Priority}
         self.decoding = DecodeSet(self.ledger)
         self.starved: dict[str, Sequence] = {}  # non-reserving policies: no block for next token
         self._finished: OrderedDict[str, Sequence] = OrderedDict()
@@ -118,7 +116,7 @@ class Scheduler:
         if (skips_queue or self._nothing_ahead(seq)) and step.try_start(self, seq):
             msg = "admitted"
             cached = seq.cached_tokens
-            return Admission(Outcome.ADMIT, None, 200, None, msg, None, seq.max_new, cached)
+            return Admission(Decision.ADMIT, None, 200, None, msg, None, seq.max_new, cached)
         if (
             self.policy.bounded_queue
             and len(self.queue) >= self.config.max_queued
@@ -126,7 +124,7 @@ class Scheduler:
         ):
             wait = self.estimated_wait(seq.priority)
             verdict = reject(
-                RejectReason.CAPACITY,
+                RejectCode.CAPACITY,
                 f"the replica is full and its queue holds {len(self.queue)} requests (the "
                 f"limit); retry in about {max(1, round(wait))} s",
                 seq.max_new,
@@ -135,11 +133,11 @@ class Scheduler:
             self._record_reject(seq, verdict)
             return verdict
         self._enqueue(seq)
-        self._event(seq, "queued", None)
+        self._event(seq, EventKind.QUEUED, None)
         cached = self.pool.peek(self.usable_prefix(seq))[0] * self.config.block_tokens
         deadline = seq.deadline if self.policy.bounded_queue else None
         msg = "queued until capacity frees"
-        return Admission(Outcome.QUEUE, None, 200, None, msg, deadline, seq.max_new, cached)
+        return Admission(Decision.QUEUE, None, 200, None, msg, deadline, seq.max_new, cached)
 
     def cancel(self, request_id: str, reason: str = "client_disconnect") -> int:
         """Cancel a live request now; returns the block references released (0 if unknown)."""
@@ -148,10 +146,10 @@ class Scheduler:
             if self._leaks_on_cancel():
                 self._leak(seq, reason)
                 return 0
-            return self.release(seq, "cancelled", reason)
+            return self.release(seq, EventKind.CANCELLED, reason)
         if request_id in self.queue:
             seq = self._dequeue_by_id(request_id)
-            return self.release(seq, "cancelled", reason)
+            return self.release(seq, EventKind.CANCELLED, reason)
         return 0
 
     def schedule(self, token_budget: int | None = None) -> StepPlan:
@@ -293,7 +291,7 @@ class Scheduler:
         if resumed:
             seq.recomputes += 1
             self.recomputes += 1
-        self._event(seq, "resumed" if resumed else "admitted", None)
+        self._event(seq, EventKind.RESUMED if resumed else EventKind.ADMITTED, None)
 
     def preempt(self, seq: Sequence, reason: str) -> None:
         """Drop a running sequence's KV; it requeues at its arrival position to recompute."""
@@ -311,11 +309,12 @@ class Scheduler:
         self._enqueue(seq)
         self.preemptions[seq.priority] += 1
         self.evictions[reason] += 1
-        self._event(seq, "preempted", reason)
+        self._event(seq, EventKind.PREEMPTED, reason)
         if self.mutant is Mutant.DROP_PREEMPTED:  # the bug: abort instead of resuming later
-            self.release(self._dequeue_by_id(seq.request_id), "cancelled", "preempted_dropped")
+            dropped = self._dequeue_by_id(seq.request_id)
+            self.release(dropped, EventKind.CANCELLED, "preempted_dropped")
 
-    def release(self, seq: Sequence, event: str, reason: str | None) -> int:
+    def release(self, seq: Sequence, event: EventKind, reason: str | None) -> int:
         """Finish or cancel: free every block reference now; records `event` and 'released'."""
         self._event(seq, event, reason)  # still showing what it held when it ended
         before = self.ledger.snapshot(seq)
@@ -328,8 +327,8 @@ class Scheduler:
         seq.state = SeqState.FINISHED
         self.ledger.apply(seq, before)
         self._remember(seq)
-        self._event(seq, "released", reason, blocks=refs)
-        if event == "finished":
+        self._event(seq, EventKind.RELEASED, reason, blocks=refs)
+        if event is EventKind.FINISHED:
             self._finish_times.append(self.clock())
         return refs
 
@@ -435,7 +434,7 @@ class Scheduler:
     def _leak(self, seq: Sequence, reason: str) -> None:
         """Mutant leak_on_cancel: the sequence stops running and is forgotten, but its blocks
         and reservation are never returned (no 'released' event ever follows)."""
-        self._event(seq, "cancelled", reason)
+        self._event(seq, EventKind.CANCELLED, reason)
         self._detach(seq)
         self.leaked[seq.request_id] = seq
 
@@ -460,9 +459,9 @@ class Scheduler:
         reason = verdict.reason.value if verdict.reason else "unknown"
         self.rejected[(reason, seq.priority.value, seq.tenant)] += 1
         self.rejected_tokens[reason] += seq.prompt_len + seq.max_new
-        self._event(seq, "rejected", reason)
+        self._event(seq, EventKind.REJECTED, reason)
 
-    def _event(self, seq: Sequence, kind: str, reason: str | None, blocks: int = -1) -> None:
+    def _event(self, seq: Sequence, kind: EventKind, reason: str | None, blocks: int = -1) -> None:
         self._events.append(
             Event(
                 t=self.clock(),

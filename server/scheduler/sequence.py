@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from server.scheduler.types import Priority, SeqRequest, SeqState
+from contract import Priority
+from server.scheduler.types import SeqRequest, SeqState
 
 if TYPE_CHECKING:
     from server.scheduler.decodeset import DecodeSet

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from server.scheduler.types import PRIORITIES_BY_RANK, SchedulerStats
+from contract import Priority
+from server.scheduler.types import SchedulerStats
 
 if TYPE_CHECKING:
     from server.scheduler.scheduler import Scheduler
@@ -23,16 +24,16 @@ def collect_stats(s: Scheduler) -> SchedulerStats:
         pool_reserved_blocks=s.committed_blocks,
         cached_free_blocks=s.pool.cold,
         fragmentation=frag,
-        waiting_by_priority={p: s.queue.by_priority[p] for p in PRIORITIES_BY_RANK},
-        running_by_priority={p: s.ledger.running_by_priority[p] for p in PRIORITIES_BY_RANK},
-        estimated_wait_s_by_priority={p: s.estimated_wait(p) for p in PRIORITIES_BY_RANK},
+        waiting_by_priority={p: s.queue.by_priority[p] for p in Priority},
+        running_by_priority={p: s.ledger.running_by_priority[p] for p in Priority},
+        estimated_wait_s_by_priority={p: s.estimated_wait(p) for p in Priority},
         tenant_reserved_tokens={t: a.reserved_tokens for t, a in accts.items()},
         tenant_pool_share={t: a.commit_blocks / total for t, a in accts.items()},
         tenant_active_seqs={t: a.active_seqs for t, a in accts.items()},
         rejected_requests=dict(s.rejected),
         rejected_tokens=dict(s.rejected_tokens),
         evictions={**s.evictions, "cold_prefix": s.pool.cold_evictions},
-        preemptions={p: s.preemptions[p] for p in PRIORITIES_BY_RANK},
+        preemptions={p: s.preemptions[p] for p in Priority},
         recomputes=s.recomputes,
         prefix_queries=s.pool.queries,
         prefix_hits=s.pool.hits,

@@ -12,14 +12,13 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+from contract import EventKind, Priority
 from server.scheduler.policies import Start
 from server.scheduler.sequence import Sequence
 from server.scheduler.types import (
-    PRIORITIES_BY_RANK,
     Admission,
     PoolExhausted,
     PrefillChunk,
-    Priority,
     SeqState,
     StepPlan,
 )
@@ -125,7 +124,7 @@ def _plan_prefill(s: Scheduler, left: int) -> tuple[PrefillChunk, ...]:
     """Chunked prefill within the remaining token budget, critical first; within a class in
     arrival order, or shortest remaining first when the policy asks (see _short_first)."""
     chunks: list[PrefillChunk] = []
-    for prio in PRIORITIES_BY_RANK:
+    for prio in Priority:
         if prio is Priority.BATCH and s.policy.pause_batch_prefill(s):
             continue
         seqs = list(s.prefilling[prio].values())
@@ -234,13 +233,13 @@ def commit(s: Scheduler, plan: StepPlan, finished: Iterable[str]) -> None:
         lag = steps - seq.dmark
         if seq.gen_settled + lag >= seq.max_new:
             done.discard(seq.request_id)
-            s.release(seq, "finished", "length")
+            s.release(seq, EventKind.FINISHED, "length")
         elif seq.kv_settled + lag >= seq.capacity and _grow(s, seq):
             s.decoding.rewake(seq)
     for rid in done:
         seq = s.running_seq(rid)
         if seq is not None:
-            s.release(seq, "finished", "stop")
+            s.release(seq, EventKind.FINISHED, "stop")
 
 
 def _advance_prefill(
@@ -263,7 +262,7 @@ def _advance_prefill(
     s.ledger.apply(seq, before)
     if seq.generated >= seq.max_new or seq.request_id in done:
         done.discard(seq.request_id)
-        s.release(seq, "finished", "length" if seq.generated >= seq.max_new else "stop")
+        s.release(seq, EventKind.FINISHED, "length" if seq.generated >= seq.max_new else "stop")
     elif seq.kv_tokens < seq.capacity or _grow(s, seq):
         s.decoding.add(seq)
 

@@ -7,30 +7,17 @@ objects to other threads, log them or serialise them without copying.
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Final
 
+from contract import EventKind, Priority, RejectCode
 
-class Priority(enum.StrEnum):
-    """Traffic class; comes only from the authenticated identity, never from a header alone."""
-
-    CRITICAL = "critical"
-    INTERACTIVE = "interactive"
-    BATCH = "batch"
-
-    @property
-    def rank(self) -> int:
-        """0 for critical (served first), 2 for batch."""
-        return _PRIORITY_RANK[self]
-
-    @property
-    def weight(self) -> float:
-        """The value function's priority term: higher protects more (critical 1.0, batch 0.2)."""
-        return _PRIORITY_WEIGHT[self]
-
-
-_PRIORITY_RANK = {Priority.CRITICAL: 0, Priority.INTERACTIVE: 1, Priority.BATCH: 2}
-_PRIORITY_WEIGHT = {Priority.CRITICAL: 1.0, Priority.INTERACTIVE: 0.6, Priority.BATCH: 0.2}
-PRIORITIES_BY_RANK = (Priority.CRITICAL, Priority.INTERACTIVE, Priority.BATCH)
+# The value function's priority term: higher protects more.
+PRIORITY_WEIGHT: Final[Mapping[Priority, float]] = MappingProxyType(
+    {Priority.CRITICAL: 1.0, Priority.INTERACTIVE: 0.6, Priority.BATCH: 0.2}
+)
 
 
 class PoolExhausted(RuntimeError):
@@ -63,40 +50,12 @@ class SeqState(enum.StrEnum):
         return self in (SeqState.WAITING, SeqState.PREEMPTED)
 
 
-class Outcome(enum.StrEnum):
-    """The only three admission outcomes."""
+class Decision(enum.StrEnum):
+    """The only three admission decisions: admit now, queue with a deadline, or reject."""
 
     ADMIT = "admit"
     QUEUE = "queue"
     REJECT = "reject"
-
-
-class RejectReason(enum.StrEnum):
-    """Why a request was refused; the value is the OpenAI error `code` the server returns."""
-
-    TENANT_QUOTA = "tenant_quota"
-    CAPACITY = "capacity"
-    TOO_LONG = "too_long"
-    PRIORITY_NOT_ALLOWED = "priority_not_allowed"
-    DEADLINE_EXPIRED = "deadline_expired"
-
-    @property
-    def http_status(self) -> int:
-        return _REJECT_STATUS[self]
-
-    @property
-    def retryable(self) -> bool:
-        """Whether the response carries Retry-After (waiting can help)."""
-        return self.http_status in (429, 503)
-
-
-_REJECT_STATUS = {
-    RejectReason.TENANT_QUOTA: 429,
-    RejectReason.CAPACITY: 503,
-    RejectReason.DEADLINE_EXPIRED: 503,
-    RejectReason.TOO_LONG: 400,
-    RejectReason.PRIORITY_NOT_ALLOWED: 403,
-}
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,8 +94,8 @@ class SeqRequest:
 class Admission:
     """The decision on one request: admit, queue until `deadline`, or reject with a reason."""
 
-    outcome: Outcome
-    reason: RejectReason | None
+    outcome: Decision
+    reason: RejectCode | None
     http_status: int  # 200 admit/queue; 429, 503, 400, 403 reject
     retry_after_s: float | None
     message: str  # a sentence a person can act on
@@ -171,14 +130,14 @@ class StepPlan:
 
 @dataclass(frozen=True, slots=True)
 class Event:
-    """One state transition of one request; fields match gates/schema.py SERVER_EVENT_COLUMNS
-    (the replica adds `replica` and `seq`)."""
+    """One state transition of one request: a contract.ServerEvent without the `replica` and
+    `seq` that the replica adds."""
 
     t: float
     request_id: str
     tenant: str
     priority: Priority
-    event: str  # admitted|queued|rejected|preempted|resumed|finished|cancelled|released
+    event: EventKind  # a request's kind, never a lifecycle one
     blocks: int  # blocks held after the event ("released": blocks freed)
     reserved_tokens: int
     used_tokens: int

@@ -8,8 +8,9 @@ import heapq
 import math
 from collections.abc import Callable, Iterable, Iterator
 
+from contract import Priority
 from server.scheduler.sequence import Sequence
-from server.scheduler.types import Priority
+from server.scheduler.types import PRIORITY_WEIGHT
 
 MIB = 1 << 20
 
@@ -35,7 +36,7 @@ def value(
         0.3 * math.log1p(age_ms)
         + 0.25 * progress
         + 0.25 * math.log1p(size_mb)
-        - 0.2 * seq.priority.weight
+        - 0.2 * PRIORITY_WEIGHT[seq.priority]
     )
     return v + protection * seq.preemptions - (0.5 if overage else 0.0)
 

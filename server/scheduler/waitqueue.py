@@ -10,8 +10,9 @@ import heapq
 from collections import Counter
 from collections.abc import Iterator
 
+from contract import Priority
 from server.scheduler.sequence import Sequence
-from server.scheduler.types import Priority, SeqState
+from server.scheduler.types import SeqState
 
 
 class WaitQueue:

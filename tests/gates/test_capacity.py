@@ -72,3 +72,32 @@ def test_capacity_runs_side_by_side(tmp_path: Path) -> None:
     assert "| vllm | 30 |" in text and "| seed | 60 |" in text and "2.00x" in text
     assert "<svg" in (tmp_path / "out" / "capacity.html").read_text()
     assert main([str(tmp_path / "missing")]) == 2
+
+
+def test_every_stage_counts_an_unanswered_request_as_the_ttft_gate_does(tmp_path: Path) -> None:
+    """One request per ending, status and first token: the ttft gate's values, the capacity
+    curve's and the SLO knee's (contract.quantiles.censored_latency) are the same numbers."""
+    import itertools
+
+    from contract import Outcome
+    from contract.quantiles import censored_latency
+    from gates.metrics_requests import ttft
+    from gates.spec import GateFilter
+    from gates.stats import percentile
+
+    b = RunBuilder()
+    cases = list(itertools.product(Outcome, (None, 200, 400, 429, 500, 503), (None, 0.25)))
+    for i, (outcome, status, first) in enumerate(cases):
+        b.request(f"q{i}", t=20, outcome=outcome.value, http_status=status, ttft_s=first)
+    b.meta["capacity"] = {"steps": [{"index": 0, "users": 10, "t0": T0 + 10, "t1": T0 + 30}]}
+    run = load_run(b.write(tmp_path / "run"))
+    gate = ttft(run, GateFilter(), {}).frame.set_index("request_id")["value"].to_dict()
+    knee = {
+        f"q{i}": value
+        for i, case in enumerate(cases)
+        if (value := censored_latency(case[2], case[0], case[1])) is not None
+    }
+    assert gate == knee and float("inf") in knee.values() and len(knee) < len(cases)
+    step = curve(run).iloc[0]
+    assert step["ttft_p95_interactive"] == percentile(list(knee.values()), 95) == float("inf")
+    assert step["ttft_p50_interactive"] == percentile(list(knee.values()), 50) == 0.25

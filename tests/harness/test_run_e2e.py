@@ -14,13 +14,14 @@ import pandas as pd
 import psutil
 import pytest
 
+import contract
 from gates import schema
 from gates.rundir import load_run
 from harness.run_cmd import main
 
 ROOT = Path(__file__).resolve().parents[2]
 SMOKE = ROOT / "harness" / "plans" / "smoke.yaml"
-CLASSES = set(schema.TRAFFIC_CLASSES)
+CLASSES = set(contract.TRAFFIC_CLASSES)
 
 
 def kvgate_run(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:

@@ -11,11 +11,11 @@ import pytest
 from locust import User
 from locust.env import Environment
 
-from gates.schema import OUTCOMES
+from contract import OUTCOMES, RequestRecord
 from tests.waiting import wait_until
 from tests.workloads.fakes import fake_server
 from workloads.prompts import generator_for
-from workloads.records import RequestRecord, install_record_hook
+from workloads.records import install_record_hook
 from workloads.users import USER_CLASSES
 
 pytestmark = pytest.mark.e2e

@@ -1,24 +1,21 @@
-"""Records: the schema's columns, one hook, and exactly one record per request under load."""
+"""Records: one hook, and exactly one record per request under load."""
 
 from __future__ import annotations
 
-import dataclasses
 from collections import Counter
 from typing import Any
 
+import numpy as np
+import pytest
 from locust import constant
 from locust.env import Environment
 
-from gates.schema import OUTCOMES, REQUEST_COLUMNS
+from contract import OUTCOMES, RequestRecord
 from tests.waiting import wait_until
 from tests.workloads.fakes import fake_server
 from workloads.client import StreamResult
-from workloads.records import RequestMeta, RequestRecord, build_record, install_record_hook
+from workloads.records import RequestMeta, build_record, install_record_hook
 from workloads.users.traffic import ShortQAInteractive
-
-
-def test_record_fields_are_the_schema_columns_in_order() -> None:
-    assert tuple(f.name for f in dataclasses.fields(RequestRecord)) == REQUEST_COLUMNS
 
 
 def test_install_record_hook_is_idempotent() -> None:
@@ -34,7 +31,8 @@ def test_inter_token_statistics_use_every_gap() -> None:
     meta = RequestMeta("short_qa", "acme", "interactive", "acme-demo", 64, 64, "x")
     record = build_record(meta, result)
     assert record.itl_max_s == 0.5 and record.itl_p50_s == 0.01
-    assert record.itl_p99_s == 0.02  # nearest rank: the 99th of 100 sorted gaps
+    # kvgate's one percentile (numpy's linear method): between the 99th and 100th sorted gap
+    assert record.itl_p99_s == pytest.approx(float(np.percentile(result.gaps, 99))) == 0.0248
     assert abs((record.itl_mean_s or 0) - (0.98 + 0.52) / 100) < 1e-12
 
 

@@ -14,9 +14,10 @@ import pytest
 from locust import User
 from locust.env import Environment
 
+from contract import RequestRecord
 from harness.plan import plan_from_dict
 from harness.traffic import build_user_classes
-from workloads.records import RequestRecord, install_record_hook
+from workloads.records import install_record_hook
 from workloads.request import StreamRequest, StreamResult
 
 URL = "http://127.0.0.1:9"

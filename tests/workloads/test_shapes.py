@@ -120,6 +120,23 @@ def test_a_step_past_the_ttft_slo_is_a_knee_too() -> None:
     assert shape.stop_reason == "slo" and shape.steps[2]["ttft_p95_s"] == 0.3
 
 
+def test_a_request_the_server_never_answered_breaks_the_slo_like_the_gates_say() -> None:
+    """From 40 users one request in ten fails with a 500 and no first token: slower than any
+    line, as the ttft gate counts it (+inf), though every answered one is fast. A client's own
+    cancel with no first token is left out, so it breaks nothing."""
+    shape = type("Ramp", (StepRampShape,), {"step_s": 10, "slo_ttft_p95_s": 0.9})()
+    clock, env = attach(shape)
+    while (tick := shape.tick()) is not None:
+        fire(env, shape, "ok", 27, ttft_s=0.3)
+        fire(env, shape, "cancelled", 3)
+        fire(env, shape, "error", 3 if tick[0] >= 40 else 0, status=500)
+        clock.t += 1.0
+        assert clock.t < 600, "the ramp never stopped"
+    assert shape.slo_broken_users == 40 and shape.stop_reason == "slo"
+    assert shape.steps[2]["ttft_p95_s"] == 0.3 and shape.steps[3]["ttft_p95_s"] == float("inf")
+    assert shape.timeouts_started_users is None and shape.rejection_started_users is None
+
+
 def test_the_slo_knee_reads_only_the_classes_it_is_for() -> None:
     """32K-token prompts take seconds to prefill at any load: with the SLO on the questions,
     their TTFT neither ends the ramp at its first step nor hides the questions' knee."""

@@ -16,9 +16,10 @@ from locust.exception import StopUser
 from locust.user.users import LOCUST_STATE_STOPPING
 
 import contract
+from contract import RequestRecord
 from tests.waiting import wait_until
 from tests.workloads.fakes import FakeServer, fake_server
-from workloads.records import RequestRecord, install_record_hook
+from workloads.records import install_record_hook
 from workloads.users import USER_CLASSES
 from workloads.users import base as users_base
 

@@ -26,6 +26,7 @@ from locust.env import Environment
 from locust.exception import LocustError, StopUser
 from locust.user.users import LOCUST_STATE_STOPPING
 
+from contract import Outcome
 from workloads.client import StreamClient, StreamRequest, StreamResult
 from workloads.dialect import Dialect
 from workloads.prompts import DEFAULT_TOKENIZER_PATH, PromptGenerator, generator_for
@@ -314,7 +315,7 @@ class KvgateUser(User):
             self.client.stream(request, result)
         finally:
             emit(self.environment, meta, result)
-        if self.honour_retry_after and result.outcome == "rejected" and result.retry_after_s:
+        if self.honour_retry_after and result.outcome == Outcome.REJECTED and result.retry_after_s:
             gevent.sleep(min(result.retry_after_s, self.max_retry_sleep_s))
         return result
 

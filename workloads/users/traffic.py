@@ -15,6 +15,7 @@ from typing import Any, ClassVar
 import gevent
 from locust import between, constant, task
 
+from contract import Outcome
 from workloads.client import StreamResult
 from workloads.users.base import Caller, KvgateUser
 
@@ -170,7 +171,7 @@ class MultiTurn(KvgateUser):
         target = self.history_tokens + self.prompt_tokens
         result = self.send(list(self.history), target, keep_text=True)
         turns_done = len(self.history) // 2 + 1
-        if result.outcome != "ok" or turns_done >= self.turns:
+        if result.outcome != Outcome.OK or turns_done >= self.turns:
             self.history, self.history_tokens = [], 0
             return
         reply = "".join(result.text or ())
@@ -329,7 +330,7 @@ class SecurityProbe(KvgateUser):
                 gevent.sleep(HOLD_POLL_S)
             warm = held[0] if held and held[0].chunks else warming.get()
         try:
-            if warm.outcome != "ok" and not warm.chunks:
+            if warm.outcome != Outcome.OK and not warm.chunks:
                 return  # nothing was cached for the probe to find: the group is incomplete
             control = self.user_prompt(self.prefix_tokens)
             pair = [(shared, "prefix_probe"), (control, "prefix_control")]

@@ -14,7 +14,7 @@ from server.replica.__main__ import parse_args
 from server.replica.loop import IDLE_WORK
 from server.replica.runtime import ReplicaRuntime
 from server.replica.streams import Stream, StreamSpec
-from server.scheduler import Outcome, Priority, SchedulerConfig, SeqRequest
+from server.scheduler import Decision, Priority, SchedulerConfig, SeqRequest
 from tests.server.replica.test_streams import FakeTransport
 from tests.waiting import wait_until_async
 
@@ -30,7 +30,7 @@ def _submit(rt: ReplicaRuntime, rid: str, max_tokens: int) -> tuple[Stream, Fake
     )
     stream = Stream(spec, rt.tokenizer.output_json)
     req = SeqRequest(rid, "acme", Priority.INTERACTIVE, tuple(range(100, 120)), max_tokens)
-    assert rt.loop.submit(stream, req).outcome is Outcome.ADMIT
+    assert rt.loop.submit(stream, req).outcome is Decision.ADMIT
     transport = FakeTransport()
     stream.attach(transport)  # type: ignore[arg-type]
     return stream, transport

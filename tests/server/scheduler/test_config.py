@@ -5,7 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 
+from contract.seed import SEED
 from server.scheduler import (
     PROFILES,
     SEED_CONFIG_PATH,
@@ -17,16 +19,21 @@ from server.scheduler import (
 )
 
 
-def test_seed_defaults_match_design_table() -> None:
-    c = SchedulerConfig()
-    assert (c.kv_pool_gib, c.block_tokens) == (52, 16)
-    assert (c.admission_watermark, c.batch_prefill_pause_watermark, c.hard_watermark) == (
+def test_the_seeds_numbers_are_the_design_tables() -> None:
+    assert (SEED.kv_pool_gib, SEED.block_tokens) == (52, 16)
+    assert (SEED.admission_watermark, SEED.batch_prefill_pause_watermark, SEED.hard_watermark) == (
         0.82,
         0.88,
         0.92,
     )
-    assert (c.interactive_reserve, c.tenant_max_share) == (0.25, 0.15)
-    assert (c.queue_deadline_ms, c.max_new_tokens_default) == (8000, 1024)
+    assert (SEED.interactive_reserve, SEED.tenant_max_share) == (0.25, 0.15)
+    assert (SEED.queue_deadline_ms, SEED.max_new_tokens_default) == (8000, 1024)
+
+
+def test_the_config_defaults_are_the_seeds_numbers() -> None:
+    defaults = SchedulerConfig()
+    for key, value in SEED.as_config().items():
+        assert getattr(defaults, key) == value, key
 
 
 @pytest.mark.parametrize(
@@ -62,10 +69,14 @@ def test_digest_is_canonical_and_sensitive() -> None:
     assert a.digest() != SchedulerConfig(gpu_sku="h200-141gb").digest()
 
 
-def test_seed_yaml_holds_the_seed_defaults() -> None:
+def test_the_example_config_file_is_the_seeds() -> None:
+    """The one place seed.yaml is held to the code: it shows every key, each at its default
+    (the seed's numbers for the seed's keys), and binds the config to the simulator."""
+    written = yaml.safe_load(SEED_CONFIG_PATH.read_text())
+    binding = {"model_digest", "runtime_version", "gpu_sku"}
+    assert set(written) == set(SchedulerConfig.model_fields)
     seed = SchedulerConfig.from_yaml(SEED_CONFIG_PATH)
     defaults = SchedulerConfig()
-    binding = {"model_digest", "runtime_version", "gpu_sku"}
     for key in SchedulerConfig.model_fields:
         if key not in binding:
             assert getattr(seed, key) == getattr(defaults, key), key

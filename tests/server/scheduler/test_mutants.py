@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-import contract
-from server.scheduler import Outcome, PoolExhausted, Priority, Scheduler, SeqState
-from server.scheduler.mutants import LEAK_EVERY, Mutant, parse_mutant
+from contract import Mutant
+from server.scheduler import Decision, PoolExhausted, Priority, Scheduler, SeqState
+from server.scheduler.mutants import LEAK_EVERY, parse_mutant
 from tests.server.scheduler.helpers import (
     FakeClock,
     check_invariants,
@@ -27,8 +27,7 @@ def make(mutant: Mutant | None, **cfg: object) -> tuple[Scheduler, FakeClock]:
     return s, clock
 
 
-def test_the_enum_names_the_contracts_mutants() -> None:
-    assert [m.value for m in Mutant] == list(contract.MUTANTS)
+def test_a_mutant_is_parsed_by_its_name() -> None:
     assert parse_mutant(None) is None and parse_mutant("") is None
     assert parse_mutant("slow_release") is Mutant.SLOW_RELEASE
     with pytest.raises(ValueError, match="unknown mutant 'nope'; choose one of slow_release"):
@@ -61,11 +60,11 @@ def test_no_tenant_cap_lets_one_tenant_past_its_share(mutant: Mutant | None) -> 
     s, _ = make(mutant, tenant_max_share=0.5)
     cap = int(0.5 * s.pool_blocks)
     outcomes = [s.submit(req(f"a{i}", prompt=1000, max_new=600)).outcome for i in range(3)]
-    assert outcomes[:2] == [Outcome.ADMIT, Outcome.ADMIT]
+    assert outcomes[:2] == [Decision.ADMIT, Decision.ADMIT]
     if mutant is None:
-        assert outcomes[2] is Outcome.REJECT and s.ledger.accounts["a"].commit_blocks <= cap
+        assert outcomes[2] is Decision.REJECT and s.ledger.accounts["a"].commit_blocks <= cap
     else:
-        assert outcomes[2] is Outcome.ADMIT and s.ledger.accounts["a"].commit_blocks > cap
+        assert outcomes[2] is Decision.ADMIT and s.ledger.accounts["a"].commit_blocks > cap
 
 
 @pytest.mark.parametrize("mutant", [None, Mutant.DROP_PREEMPTED])
@@ -99,7 +98,7 @@ def test_preempt_by_age_takes_the_newest_even_when_it_is_critical(mutant: Mutant
     for i in range(4):
         s.submit(req(f"b{i}", "b", Priority.BATCH, prompt=1000, max_new=600, replayable=True))
     assert s.submit(req("crit", "a", Priority.CRITICAL, prompt=200, max_new=400)).outcome is (
-        Outcome.ADMIT
+        Decision.ADMIT
     )
     plan = step(s, clock)
     assert plan.preempted and not s.at_risk
@@ -120,13 +119,13 @@ def test_batch_ignores_peak_starts_batch_past_the_online_queue(mutant: Mutant | 
     s, clock = make(mutant, kv_pool_gib=4.0, step_token_budget=1024)
     for i in range(4):  # online work commits the pool up to the hard watermark
         s.submit(req(f"i{i}", "a", prompt=5800, max_new=600))
-    assert s.submit(req("waits", "c", prompt=5800, max_new=600)).outcome is Outcome.QUEUE
+    assert s.submit(req("waits", "c", prompt=5800, max_new=600)).outcome is Decision.QUEUE
     batch = s.submit(req("batch", "b", Priority.BATCH, prompt=64, max_new=64))
     step(s, clock)
     if mutant is None:  # it waits behind the online request that has no room
-        assert batch.outcome is Outcome.QUEUE and s.state("batch") is SeqState.WAITING
+        assert batch.outcome is Decision.QUEUE and s.state("batch") is SeqState.WAITING
     else:
-        assert batch.outcome is Outcome.ADMIT and s.state("waits") is SeqState.WAITING
+        assert batch.outcome is Decision.ADMIT and s.state("waits") is SeqState.WAITING
     check_invariants(s)
 
 
@@ -141,10 +140,10 @@ def test_queue_instead_of_refuse_parks_batch_forever(mutant: Mutant | None) -> N
     clock.advance(60.0)
     plan = step(s, clock)
     if mutant is None:
-        assert verdicts[2].outcome is Outcome.REJECT and verdicts[2].http_status == 503
+        assert verdicts[2].outcome is Decision.REJECT and verdicts[2].http_status == 503
         assert {rid for rid, _ in plan.expired} == {"q0", "q1"}
     else:
-        assert all(v.outcome is Outcome.QUEUE for v in verdicts) and plan.expired == ()
+        assert all(v.outcome is Decision.QUEUE for v in verdicts) and plan.expired == ()
         assert all(s.state(f"q{i}") is SeqState.WAITING for i in range(3))
 
 
@@ -154,7 +153,7 @@ def test_underestimate_kv_reserves_no_output_and_runs_out_of_blocks(
 ) -> None:
     s, clock = make(mutant)
     verdicts = [s.submit(req(f"r{i}", "a", prompt=1000, max_new=600)) for i in range(8)]
-    admitted = sum(v.outcome is Outcome.ADMIT for v in verdicts)
+    admitted = sum(v.outcome is Decision.ADMIT for v in verdicts)
     if mutant is None:
         assert admitted == 4  # 100 blocks each, up to the hard watermark
         for _ in range(2000):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from server.scheduler import Outcome, Priority, Scheduler, SeqState
+from server.scheduler import Decision, Priority, Scheduler, SeqState
 from tests.server.scheduler.helpers import FakeClock, req, small_config, step, tenants
 
 GIB = 1 << 30
@@ -16,7 +16,7 @@ def make(policy: str, **kw: object) -> tuple[Scheduler, FakeClock]:
     return Scheduler(cfg, tenants("a"), policy=policy, clock=clock, **kw), clock  # type: ignore[arg-type]
 
 
-def long_context_load(s: Scheduler, n: int = 12) -> list[Outcome]:
+def long_context_load(s: Scheduler, n: int = 12) -> list[Decision]:
     return [s.submit(req(f"r{i}", prompt=4000, max_new=2000)).outcome for i in range(n)]
 
 
@@ -33,7 +33,7 @@ def test_naive_needs_device_free_bytes() -> None:
 def test_naive_admits_everything_and_fills_all_free_memory() -> None:
     s, clock = make("naive", device_free_bytes=6 * GIB)
     assert s.pool_blocks == 6 * GIB // s.config.block_bytes  # not kv_pool_gib
-    assert long_context_load(s) == [Outcome.ADMIT] * 12
+    assert long_context_load(s) == [Decision.ADMIT] * 12
     for _ in range(60):
         plan = step(s, clock)
         assert plan.preempted == ()
@@ -46,7 +46,7 @@ def test_naive_admits_everything_and_fills_all_free_memory() -> None:
 def test_seed_under_the_same_load_stays_under_the_hard_watermark() -> None:
     s, clock = make("seed")
     outcomes = long_context_load(s)
-    assert outcomes.count(Outcome.ADMIT) == 4 and outcomes.count(Outcome.QUEUE) == 8
+    assert outcomes.count(Decision.ADMIT) == 4 and outcomes.count(Decision.QUEUE) == 8
     for _ in range(60):
         step(s, clock)
         assert s.committed_blocks <= s.config.hard_watermark * s.pool_blocks
@@ -55,9 +55,9 @@ def test_seed_under_the_same_load_stays_under_the_hard_watermark() -> None:
 def test_vllm_is_fcfs_and_preempts_the_newest_when_blocks_run_out() -> None:
     s, clock = make("vllm")
     # No worst-case reservation: each start needs only its prompt's blocks (250 + 1 slot).
-    assert long_context_load(s, 7) == [Outcome.ADMIT] * 7
+    assert long_context_load(s, 7) == [Decision.ADMIT] * 7
     crit = s.submit(req("crit", priority=Priority.CRITICAL, prompt=4000, max_new=10))
-    assert crit.outcome is Outcome.QUEUE  # FCFS: priority does not jump the queue
+    assert crit.outcome is Decision.QUEUE  # FCFS: priority does not jump the queue
     preempted: list[str] = []
     for _ in range(400):
         preempted += step(s, clock).preempted
@@ -69,14 +69,14 @@ def test_vllm_is_fcfs_and_preempts_the_newest_when_blocks_run_out() -> None:
 
 def test_vllm_ignores_tenant_quotas() -> None:
     s, _ = make("vllm")
-    assert s.submit(req("x", tenant="nobody")).outcome is Outcome.ADMIT
+    assert s.submit(req("x", tenant="nobody")).outcome is Decision.ADMIT
 
 
 def test_tgi_reserves_full_max_tokens_never_preempts_and_queues_without_bound() -> None:
     s, clock = make("tgi")
     outcomes = long_context_load(s, 40)  # max_queued is 16: TGI's queue ignores it
-    assert outcomes.count(Outcome.ADMIT) == 4  # 4 x 375 blocks of 1773 reserved
-    assert outcomes.count(Outcome.QUEUE) == 36
+    assert outcomes.count(Decision.ADMIT) == 4  # 4 x 375 blocks of 1773 reserved
+    assert outcomes.count(Decision.QUEUE) == 36
     assert s.committed_blocks == 4 * 375
     clock.advance(60.0)  # far past any queue deadline
     for _ in range(30):
@@ -94,7 +94,7 @@ def reserve_scheduler(reserve: float) -> tuple[Scheduler, FakeClock]:
 def fill_interactive(s: Scheduler) -> None:
     """Interactive requests of 4 blocks until one queues: the pool is committed for them."""
     for i in range(10_000):
-        if s.submit(req(f"i{i}", prompt=40, max_new=24)).outcome is Outcome.QUEUE:
+        if s.submit(req(f"i{i}", prompt=40, max_new=24)).outcome is Decision.QUEUE:
             return
     raise AssertionError("the pool never filled")
 
@@ -106,7 +106,7 @@ def test_seed_keeps_the_critical_reserve_free_of_interactive_work() -> None:
     assert s.committed_blocks <= hard - 0.05 * s.pool_blocks
     # No batch work runs, so nothing could be preempted; the critical request still starts.
     crit = s.submit(req("crit", tenant="sys", priority=Priority.CRITICAL, prompt=40, max_new=24))
-    assert crit.outcome is Outcome.ADMIT
+    assert crit.outcome is Decision.ADMIT
     assert s.committed_blocks <= hard
 
 
@@ -114,7 +114,7 @@ def test_without_a_reserve_critical_work_queues_behind_interactive_work() -> Non
     s, _ = reserve_scheduler(0.0)
     fill_interactive(s)
     crit = s.submit(req("crit", tenant="sys", priority=Priority.CRITICAL, prompt=40, max_new=24))
-    assert crit.outcome is Outcome.QUEUE
+    assert crit.outcome is Decision.QUEUE
 
 
 def test_a_critical_request_too_big_for_the_room_does_not_hold_back_a_small_one() -> None:
@@ -122,9 +122,9 @@ def test_a_critical_request_too_big_for_the_room_does_not_hold_back_a_small_one(
     fill_interactive(s)
     s.submit(req("i-queued-out", prompt=40, max_new=24))  # more interactive work waiting
     big = s.submit(req("big", tenant="sys", priority=Priority.CRITICAL, prompt=4000, max_new=8))
-    assert big.outcome is Outcome.QUEUE  # needs more than the reserve; no batch to preempt
+    assert big.outcome is Decision.QUEUE  # needs more than the reserve; no batch to preempt
     small = s.submit(req("small", tenant="sys", priority=Priority.CRITICAL, prompt=40, max_new=8))
-    assert small.outcome is Outcome.QUEUE  # queues behind it, as arrival order says
+    assert small.outcome is Decision.QUEUE  # queues behind it, as arrival order says
     step(s, clock)
     assert s.state("small") is not SeqState.WAITING
     assert s.state("big") is SeqState.WAITING

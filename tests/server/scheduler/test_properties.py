@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import contract
-from server.scheduler import Outcome, PrefixSpec, Priority, Scheduler, SeqState
+from server.scheduler import Decision, PrefixSpec, Priority, Scheduler, SeqState
 from server.scheduler.sequence import Sequence
 from server.scheduler.victims import TIER_STREAMED, tier
 from tests.server.scheduler.helpers import FakeClock, check_invariants, quota, req, small_config
@@ -135,9 +135,9 @@ def run_ops(policy: str, program: list[object]) -> None:
         if isinstance(op, Submit):
             verdict = s.submit(to_request(op, n))  # type: ignore[arg-type]
             t.note(f"r{n}")
-            if verdict.outcome is not Outcome.REJECT:
+            if verdict.outcome is not Decision.REJECT:
                 live.append(f"r{n}")
-            assert (verdict.reason is None) == (verdict.outcome is not Outcome.REJECT)
+            assert (verdict.reason is None) == (verdict.outcome is not Decision.REJECT)
         elif isinstance(op, Cancel) and live:
             rid = live[op.pick % len(live)]
             s.cancel(rid)

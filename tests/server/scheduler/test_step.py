@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from server.scheduler import Outcome, Priority, Scheduler, SeqState
+from server.scheduler import Decision, Priority, Scheduler, SeqState
 from server.scheduler.sequence import Sequence
 from server.scheduler.waitqueue import WaitQueue
 from tests.server.scheduler.helpers import (
@@ -74,9 +74,9 @@ def test_admission_watermark_holds_back_long_batch_only() -> None:
     short_batch = s.submit(req("short", "b", Priority.BATCH, prompt=100, max_new=8))
     long_inter = s.submit(req("li", "c", Priority.INTERACTIVE, prompt=1000, max_new=100))
     assert (long_batch.outcome, short_batch.outcome, long_inter.outcome) == (
-        Outcome.QUEUE,
-        Outcome.QUEUE,  # FCFS within batch: it waits behind the long one at the head...
-        Outcome.ADMIT,
+        Decision.QUEUE,
+        Decision.QUEUE,  # FCFS within batch: it waits behind the long one at the head...
+        Decision.ADMIT,
     )
     plan = step(s, clock)
     assert plan.admitted == ("short",)  # ...until the step skips the held-back long request
@@ -94,7 +94,7 @@ def test_batch_prefill_pauses_above_pause_watermark() -> None:
     assert s.usage > s.config.batch_prefill_pause_watermark
     # 54 more committed blocks: 1630 <= 1631.2, and 850 tokens is not "long": it starts.
     assert s.submit(req("b", "b", Priority.BATCH, prompt=800, max_new=50)).outcome is (
-        Outcome.ADMIT
+        Decision.ADMIT
     )
     for _ in range(3):
         plan = step(s, clock)
@@ -140,7 +140,7 @@ def test_cancel_a_queued_request() -> None:
     s, _ = make()
     for i in range(4):
         s.submit(req(f"f{i}", "b", prompt=1000, max_new=600))
-    assert s.submit(req("q", prompt=1000, max_new=600)).outcome is Outcome.QUEUE
+    assert s.submit(req("q", prompt=1000, max_new=600)).outcome is Decision.QUEUE
     s.drain_events()
     assert s.cancel("q") == 0
     assert [e.event for e in s.drain_events()] == ["cancelled", "released"]

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from server.scheduler import Outcome, Priority, RejectReason, Scheduler, SeqState
+from server.scheduler import Decision, Priority, RejectCode, Scheduler, SeqState
 from server.scheduler.sequence import Sequence
 from server.scheduler.victims import value, victim_order
 from tests.server.scheduler.helpers import FakeClock, quota, req, small_config, step, tenants
@@ -56,7 +56,7 @@ def test_seed_001_scenario_preempts_the_fresh_8gb_prefill() -> None:
     # A critical request arrives; critical work may commit past the hard watermark, and the
     # next step must reclaim the excess by preempting recoverable work.
     crit = s.submit(req("crit", "sys", Priority.CRITICAL, prompt=2000, max_new=1000))
-    assert crit.outcome is Outcome.ADMIT
+    assert crit.outcome is Decision.ADMIT
     assert s.committed_blocks > s.config.hard_watermark * s.pool_blocks
     big = s.running_seq("big")
     assert big is not None
@@ -179,7 +179,7 @@ def test_tier_order_replayable_batch_then_value_streamed_only_at_risk() -> None:
     # 300 more blocks would pass the hard line with no batch work left to pay them back:
     # the critical request waits rather than preempt a streamed interactive session.
     crit3 = s.submit(req("crit3", "sys", Priority.CRITICAL, prompt=3000, max_new=1800))
-    assert crit3.outcome is Outcome.QUEUE
+    assert crit3.outcome is Decision.QUEUE
     assert step(s, clock).preempted == ()
     assert not s.at_risk and s.state("inter") is SeqState.RUNNING
     s.cancel("crit")
@@ -197,13 +197,13 @@ def test_tier_2_sheds_queued_requests_of_tenants_over_soft_quota() -> None:
     s.submit(req("g1", "greedy", prompt=1000, max_new=600))  # 100 blocks, over soft quota
     for i in range(3):  # batch work: what lets a critical request past the hard line
         s.submit(req(f"f{i}", "fill", Priority.BATCH, prompt=1000, max_new=600))
-    assert s.submit(req("g2", "greedy", prompt=500, max_new=100)).outcome is Outcome.QUEUE
-    assert s.submit(req("f9", "fill", prompt=500, max_new=100)).outcome is Outcome.QUEUE
+    assert s.submit(req("g2", "greedy", prompt=500, max_new=100)).outcome is Decision.QUEUE
+    assert s.submit(req("f9", "fill", prompt=500, max_new=100)).outcome is Decision.QUEUE
     s.submit(req("crit", "sys", Priority.CRITICAL, prompt=300, max_new=100))
     plan = step(s, clock)
     shed = dict(plan.expired)
     assert list(shed) == ["g2"]
-    assert shed["g2"].reason is RejectReason.TENANT_QUOTA and shed["g2"].http_status == 429
+    assert shed["g2"].reason is RejectCode.TENANT_QUOTA and shed["g2"].http_status == 429
     assert "soft quota" in shed["g2"].message
     assert s.state("f9") is SeqState.WAITING
     assert s.stats().evictions["soft_quota_queued"] == 1
