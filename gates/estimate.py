@@ -20,7 +20,7 @@ from scipy.stats import linregress
 from scipy.stats import t as student_t
 
 from gates import stats
-from gates.spec import Threshold
+from gates.terms import Threshold
 
 
 class Reading(StrEnum):

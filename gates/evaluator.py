@@ -40,7 +40,8 @@ from gates.estimate import Estimate, Reading, estimate, needs_n, read
 from gates.junit import write_junit
 from gates.metrics import REGISTRY, MetricDef, Observations
 from gates.rundir import RunData, load_run
-from gates.spec import OPERATORS, GateFile, GateSpec, Threshold, load_gate_file
+from gates.spec import GateFile, GateSpec, load_gate_file
+from gates.terms import OPERATORS, Threshold
 from gates.verdict import SCORE, GateResult, Status, Verdict
 
 EVIDENCE_ROWS = 5
@@ -248,7 +249,7 @@ def _unjudged(gate: GateSpec, definition: MetricDef) -> GateResult:
         cause_weight=definition.cause_weight,
         unit=definition.unit,
         confidence=gate.confidence,
-        spec=gate.resolved(),
+        spec=gate.resolved(definition.params),
     )
 
 

@@ -20,8 +20,8 @@ from contract import Outcome, servers
 from contract.quantiles import censored_latency
 from gates.registry import Cause, Observations, metric
 from gates.rundir import RunData
-from gates.spec import GateFilter
 from gates.stats import percentile
+from gates.terms import GateFilter
 
 
 def steps(run: RunData) -> list[dict[str, Any]]:

@@ -28,7 +28,7 @@ from contract.enums import FAILED_OUTCOMES
 from gates.metrics_requests import REQUEST_FILTERS, _describe, _evidence, cut_short
 from gates.registry import Cause, Observations, metric
 from gates.rundir import RunData
-from gates.spec import GateFilter
+from gates.terms import GateFilter
 from gates.windows import select
 
 TOP_ERRORS = 5

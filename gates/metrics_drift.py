@@ -18,8 +18,8 @@ import pandas as pd
 from contract import Outcome, servers
 from gates.registry import Cause, Observations, metric
 from gates.rundir import RunData
-from gates.spec import GateFilter
 from gates.stats import percentile
+from gates.terms import GateFilter
 from gates.windows import phases, resolve_window, select
 
 WINDOW_S = 120.0

@@ -22,7 +22,7 @@ from contract import EventKind
 from gates.metrics_requests import REQUEST_FILTERS, ttft
 from gates.registry import Cause, Observations, metric
 from gates.rundir import RunData
-from gates.spec import GateFilter
+from gates.terms import GateFilter
 
 WAIT_STARTS = (EventKind.QUEUED, EventKind.PREEMPTED)
 WAIT_ENDS = (

@@ -19,7 +19,7 @@ from contract import EventKind, Outcome
 from contract.enums import ANSWERED_OR_CANCELLED, DEATH_EVENTS, FAILED_OUTCOMES
 from gates.registry import Cause, Observations, metric
 from gates.rundir import RunData
-from gates.spec import GateFilter
+from gates.terms import GateFilter
 from gates.windows import (
     broken_by_network,
     counter_increase,

@@ -19,7 +19,7 @@ from contract import Outcome
 from gates import stats
 from gates.registry import Cause, Observations, metric
 from gates.rundir import RunData
-from gates.spec import GateFilter
+from gates.terms import GateFilter
 from gates.windows import isin, select
 
 # A refusal at the door is evidence that the priority was refused, except these statuses:

@@ -19,7 +19,7 @@ from gates import stats
 from gates.metrics_requests import DEATH_SLACK_S
 from gates.registry import Cause, Observations, metric
 from gates.rundir import RunData
-from gates.spec import GateFilter
+from gates.terms import GateFilter
 from gates.windows import (
     counter_increase,
     in_intervals,

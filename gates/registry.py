@@ -20,12 +20,10 @@ from typing import Any
 import pandas as pd
 
 from gates.rundir import RunData
-from gates.spec import GateFilter
-from gates.verdict import Cause
+from gates.terms import KINDS, Cause, GateFilter
 
 __all__ = ["EVIDENCE_COLUMNS", "KINDS", "REGISTRY", "Cause", "MetricDef", "Observations", "metric"]
 
-KINDS = ("trend", "rate", "count", "series")
 EVIDENCE_COLUMNS = ("request_id", "t", "tenant", "replica", "detail")
 
 

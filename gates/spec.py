@@ -3,134 +3,44 @@
 A gate names a metric from the registry (gates/metrics.py), a filter, a pass threshold and
 an optional, stricter warning threshold: a value that meets `pass` but not `warn` is
 MARGINAL. Errors name the YAML path (`gates[2] (id: ttft).pass`) and the allowed values.
+
+A file is checked in two steps, as k6 checks its thresholds at init: pydantic checks its
+shape (the models here, which know no metric), then the loader checks each gate against the
+metric it names (`checked_gate_file`). The thresholds and filters are gates/terms.py's.
 """
 
 from __future__ import annotations
 
 import math
-import operator
-import re
-from collections.abc import Callable
-from decimal import Decimal
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-import contract
 from contract.servers import DATA_KINDS
+from gates.metrics import REGISTRY
+from gates.terms import KIND_STATISTICS, GateFilter, Threshold
+
+# GateFilter and Threshold are gates/terms.py's; a GateSpec is made of them, so they come with it.
+__all__ = [
+    "BUILTIN_GATES",
+    "GateFile",
+    "GateFilter",
+    "GateSpec",
+    "GateSpecError",
+    "Threshold",
+    "checked_gate_file",
+    "load_gate_file",
+]
 
 BUILTIN_GATES = Path(__file__).with_name("builtin.yaml")
-
-STATISTICS = ("count", "rate", "max", "min", "mean", "sum", "slope", "p(N)")
-OPERATORS: dict[str, Callable[[float, float], bool]] = {
-    "<=": operator.le,
-    ">=": operator.ge,
-    "==": operator.eq,
-    "!=": operator.ne,
-    "<": operator.lt,
-    ">": operator.gt,
-}
-UNITS = {"": Decimal(1), "s": Decimal(1), "ms": Decimal("0.001"), "%": Decimal("0.01")}
-# Which statistics each kind of metric can be judged by: a rate is a share of 0/1
-# observations, a trend a distribution of values, a count a list of violations.
-KIND_STATISTICS = {
-    "trend": ("p", "mean", "max", "min", "count"),
-    "rate": ("rate", "count", "sum"),
-    "count": ("count", "sum", "max"),
-    # values over time (one per window): judged by their fitted slope, in units per hour
-    "series": ("slope", "max", "mean"),
-}
-_THRESHOLD = re.compile(
-    r"^\s*(?P<stat>count|rate|max|min|mean|sum|slope|p\(\s*(?P<q>\d+(?:\.\d+)?)\s*\))\s*"
-    r"(?P<op><=|>=|==|!=|<|>)\s*(?P<num>[-+]?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)\s*(?P<unit>ms|s|%)?\s*$"
-)
-FIXED_WINDOWS = ("all", "stress", "idle_before", "after_load", "after_fault", "during_fault")
-_WINDOW = re.compile(
-    r"^(all|stress|idle_before|after_load|after_fault|during_fault|phase:[\w.-]+)$"
-)
+Problem = tuple[tuple[int | str, ...], str]  # where in the file (a pydantic loc), and why
 
 
 class GateSpecError(Exception):
     """A gate file that cannot be used; the message names the file and the YAML path."""
-
-
-class Threshold(BaseModel):
-    """`STAT OP NUMBER[unit]`; `ms` and `%` scale the number to seconds and fractions."""
-
-    model_config = ConfigDict(frozen=True)
-    statistic: str
-    quantile: float | None = None
-    op: str
-    value: float
-    text: str
-
-    @model_validator(mode="before")
-    @classmethod
-    def _parse(cls, data: Any) -> Any:
-        if not isinstance(data, str):
-            if isinstance(data, dict):
-                return data
-            raise ValueError(f"a threshold is a string like 'p(95) <= 0.9', found {data!r}")
-        match = _THRESHOLD.match(data)
-        if match is None:
-            raise ValueError(
-                f"threshold {data!r} is not 'STAT OP NUMBER[ms|s|%]'; STAT is one of "
-                f"{', '.join(STATISTICS)}, OP one of {', '.join(OPERATORS)}"
-            )
-        quantile = float(match["q"]) if match["q"] is not None else None
-        if quantile is not None and not 0 <= quantile <= 100:
-            raise ValueError(f"threshold {data!r}: the percentile must be within 0..100")
-        # Decimal, so "95%" is exactly the float 0.95 and 190 of 200 meets `rate >= 95%`.
-        value = float(Decimal(match["num"]) * UNITS[match["unit"] or ""])
-        stat = "p" if quantile is not None else match["stat"]
-        return {
-            "statistic": stat,
-            "quantile": quantile,
-            "op": match["op"],
-            "value": value,
-            "text": data.strip(),
-        }
-
-    @property
-    def label(self) -> str:
-        return f"p({self.quantile:g})" if self.statistic == "p" else self.statistic
-
-    def holds(self, observed: float) -> bool:
-        if math.isnan(observed):
-            return False
-        return OPERATORS[self.op](observed, self.value)
-
-    @property
-    def higher_is_worse(self) -> bool:
-        """Whether larger observations move toward a breach (for picking the worst evidence)."""
-        return self.op in ("<", "<=", "==")
-
-
-class GateFilter(BaseModel):
-    """Which records a gate looks at; `window` is a named time window of the run."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    traffic_class: list[Literal[contract.TRAFFIC_CLASSES]] | None = None  # type: ignore[valid-type]
-    priority: list[Literal[contract.PRIORITIES]] | None = None  # type: ignore[valid-type]
-    tenant: list[str] | None = None
-    window: str = "all"
-
-    @field_validator("window")
-    @classmethod
-    def _window(cls, value: str) -> str:
-        if not _WINDOW.match(value):
-            raise ValueError(
-                f"window {value!r} is not one of {', '.join(FIXED_WINDOWS)} or 'phase:NAME'"
-            )
-        return value
-
-    def used_fields(self) -> set[str]:
-        used = {name for name in ("traffic_class", "priority", "tenant") if getattr(self, name)}
-        if self.window != "all":
-            used.add("window")
-        return used
 
 
 class GateSpec(BaseModel):
@@ -173,26 +83,22 @@ class GateSpec(BaseModel):
         """Whether a FAIL of this gate fails the run by itself."""
         return self.key if self.blocks is None else self.blocks
 
-    def resolved(self) -> dict[str, Any]:
+    def resolved(self, defaults: Mapping[str, Any]) -> dict[str, Any]:
         """This gate as it judges, in the gate file's own terms: every key after `extends`
-        and the defaults, `params` over the metric's defaults, `blocks` decided. verdict.json
-        keeps it, so whatever reads the verdict later (a report's chart, a re-judgement)
-        uses what the gate used, not what the metric's defaults are today; GateSpec reads
-        it back as it is."""
-        from gates.metrics import REGISTRY  # the registry imports this module
-
+        and the defaults, `params` over its metric's `defaults`, `blocks` decided.
+        verdict.json keeps it, so whatever reads the verdict later (a report's chart, a
+        re-judgement) uses what the gate used, not what the metric's defaults are today;
+        GateSpec reads it back as it is."""
         data = self.model_dump(mode="json", by_alias=True, exclude_none=True)
         data["pass"] = self.pass_.text
         if self.warn is not None:
             data["warn"] = self.warn.text
-        data["params"] = {**REGISTRY[self.metric].params, **self.params}
+        data["params"] = {**defaults, **self.params}
         data["blocks"] = self.blocking
         return data
 
     @model_validator(mode="after")
     def _consistent(self) -> GateSpec:
-        from gates.metrics import REGISTRY  # the registry imports this module
-
         for need in self.needs:
             unknown = [kind for kind in need.split("|") if kind not in DATA_KINDS]
             if unknown:
@@ -200,56 +106,12 @@ class GateSpec(BaseModel):
                     f"needs: unknown kind of data {', '.join(unknown)}; known: "
                     f"{', '.join(DATA_KINDS)}"
                 )
-        definition = REGISTRY.get(self.metric)
-        if definition is None:
-            raise ValueError(
-                f"metric {self.metric!r} is unknown; known metrics: {', '.join(sorted(REGISTRY))}"
-            )
-        unsupported = self.filter.used_fields() - definition.filters
-        if unsupported:
-            raise ValueError(
-                f"metric {self.metric!r} cannot filter by {', '.join(sorted(unsupported))}; "
-                f"it supports: {', '.join(sorted(definition.filters)) or 'no filters'}"
-            )
-        unknown = set(self.params) - set(definition.params)
-        if unknown:
-            raise ValueError(
-                f"metric {self.metric!r} has no parameter {', '.join(sorted(unknown))}; "
-                f"its parameters: {', '.join(sorted(definition.params)) or 'none'}"
-            )
-        for name, value in self.params.items():
-            problem = _param_problem(value, definition.params[name])
-            choices = definition.choices.get(name)
-            if problem is None and choices and value not in choices:
-                problem = f"must be one of {', '.join(choices)}, got {value!r}"
-            if problem:
-                raise ValueError(f"params.{name}: {problem}")
-        allowed = KIND_STATISTICS[definition.kind]
-        if self.pass_.statistic not in allowed:
-            shown = ", ".join("p(N)" if a == "p" else a for a in allowed)
-            raise ValueError(
-                f"metric {self.metric!r} is a {definition.kind} metric and cannot be judged "
-                f"by {self.pass_.label}; use one of: {shown}"
-            )
         if self.warn is not None and self.warn.label != self.pass_.label:
             raise ValueError(
                 f"warn uses {self.warn.label} but pass uses {self.pass_.label}; "
                 "use the same statistic"
             )
         return self
-
-
-def _param_problem(value: object, default: object) -> str | None:
-    """Why `value` cannot stand in for a parameter whose default is `default` (None: fine)."""
-    if isinstance(default, bool):
-        return None if isinstance(value, bool) else f"must be true or false, got {value!r}"
-    if isinstance(default, int | float):
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            return f"must be a number, got {value!r}"
-        if not math.isfinite(value) or value < 0:
-            return f"must be a finite number >= 0, got {value!r}"
-        return None
-    return None if isinstance(value, str) and value else f"must be a text, got {value!r}"
 
 
 class GateFile(BaseModel):
@@ -277,11 +139,85 @@ def load_gate_file(path: Path | None = None) -> GateFile:
     data = _read(source)
     if "extends" in data:
         data = _extend(data, source, frozenset({source.resolve()}))
+    return checked_gate_file(data, f"gate file {source} is invalid")
+
+
+def checked_gate_file(data: dict[str, Any], heading: str) -> GateFile:
+    """`data` as a gate file that can judge a run: its shape first, then each gate against
+    the metric it names. GateSpecError says `heading` and lists every problem of the first
+    step that finds any, each by its YAML path."""
     try:
-        return GateFile.model_validate(data)
+        gate_file = GateFile.model_validate(data)
     except ValidationError as exc:
-        problems = [f"  {_yaml_path(err['loc'], data)}: {_message(err)}" for err in exc.errors()]
-        raise GateSpecError(f"gate file {source} is invalid:\n" + "\n".join(problems)) from exc
+        shape: list[Problem] = [(err["loc"], _message(err)) for err in exc.errors()]
+        raise GateSpecError(_listed(heading, shape, data)) from exc
+    unjudgeable: list[Problem] = []
+    for i, gate in enumerate(gate_file.gates):
+        found = _metric_problem(gate)
+        if found is not None:
+            where, text = found
+            unjudgeable.append((("gates", i, *where), text))
+    if unjudgeable:
+        raise GateSpecError(_listed(heading, unjudgeable, data))
+    return gate_file
+
+
+def _metric_problem(gate: GateSpec) -> tuple[tuple[str, ...], str] | None:
+    """Where in `gate` and why it cannot be judged by the metric it names (None: it can).
+    The metric must be registered, and the gate's filters, params and statistic be ones it
+    declares."""
+    definition = REGISTRY.get(gate.metric)
+    if definition is None:
+        return (
+            (),
+            f"metric {gate.metric!r} is unknown; known metrics: {', '.join(sorted(REGISTRY))}",
+        )
+    unsupported = gate.filter.used_fields() - definition.filters
+    if unsupported:
+        return ("filter",), (
+            f"metric {gate.metric!r} cannot filter by {', '.join(sorted(unsupported))}; "
+            f"it supports: {', '.join(sorted(definition.filters)) or 'no filters'}"
+        )
+    undeclared = set(gate.params) - set(definition.params)
+    if undeclared:
+        return ("params",), (
+            f"metric {gate.metric!r} has no parameter {', '.join(sorted(undeclared))}; "
+            f"its parameters: {', '.join(sorted(definition.params)) or 'none'}"
+        )
+    for name, value in gate.params.items():
+        problem = _param_problem(value, definition.params[name])
+        choices = definition.choices.get(name)
+        if problem is None and choices and value not in choices:
+            problem = f"must be one of {', '.join(choices)}, got {value!r}"
+        if problem:
+            return ("params", name), problem
+    allowed = KIND_STATISTICS[definition.kind]
+    if gate.pass_.statistic not in allowed:
+        shown = ", ".join("p(N)" if a == "p" else a for a in allowed)
+        return ("pass",), (
+            f"metric {gate.metric!r} is a {definition.kind} metric and cannot be judged "
+            f"by {gate.pass_.label}; use one of: {shown}"
+        )
+    return None
+
+
+def _param_problem(value: object, default: object) -> str | None:
+    """Why `value` cannot stand in for a parameter whose default is `default` (None: fine)."""
+    if isinstance(default, bool):
+        return None if isinstance(value, bool) else f"must be true or false, got {value!r}"
+    if isinstance(default, int | float):
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return f"must be a number, got {value!r}"
+        if not math.isfinite(value) or value < 0:
+            return f"must be a finite number >= 0, got {value!r}"
+        return None
+    return None if isinstance(value, str) and value else f"must be a text, got {value!r}"
+
+
+def _listed(heading: str, problems: list[Problem], data: dict[str, Any]) -> str:
+    return f"{heading}:\n" + "\n".join(
+        f"  {_yaml_path(loc, data)}: {text}" for loc, text in problems
+    )
 
 
 def _read(source: Path) -> dict[str, Any]:

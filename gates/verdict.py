@@ -7,32 +7,9 @@ from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from pydantic import ValidationError
-
-from gates.spec import GateFile, GateSpecError
-
-
-class Cause(StrEnum):
-    """What a gate's failure points to when a candidate is compared with its baseline
-    (reports/decide.py names the likeliest). Each metric declares one (gates/registry.py);
-    NONE: its failure says nothing about why."""
-
-    NONE = "none"
-    ESTIMATION_BIAS = "estimation_bias"
-    PRIORITY_RULES = "priority_rules"
-    RELEASE_DEFECT = "release_defect"
-
-    @property
-    def description(self) -> str:
-        return _CAUSE_TEXT[self]
-
-
-_CAUSE_TEXT = {
-    Cause.NONE: "no cause in particular",
-    Cause.ESTIMATION_BIAS: "estimation bias (reservations do not match what requests use)",
-    Cause.PRIORITY_RULES: "priority rules (who gets rejected or served first)",
-    Cause.RELEASE_DEFECT: "a runtime release defect (blocks freed late or held after finish)",
-}
+from gates.metrics import REGISTRY
+from gates.spec import GateFile, GateSpecError, checked_gate_file
+from gates.terms import Cause
 
 
 def timing_could_fake(timing: bool, value: float | None) -> bool:
@@ -229,15 +206,13 @@ class Verdict:
                 "RUN_DIR --gates FILE`"
             )
         try:
-            return GateFile.model_validate(
-                {"fail_score_below": self.fail_score_below, "gates": kept}
+            return checked_gate_file(
+                {"fail_score_below": self.fail_score_below, "gates": kept},
+                f"the gates the verdict of {self.run_dir} keeps do not read back",
             )
-        except ValidationError as exc:
-            first = exc.errors()[0]
+        except GateSpecError as exc:
             raise GateSpecError(
-                f"the gates the verdict of {self.run_dir} keeps do not read back "
-                f"({'.'.join(map(str, first['loc']))}: {first['msg']}); judge the run again "
-                "with `kvgate gate RUN_DIR --gates FILE`"
+                f"{exc}\njudge the run again with `kvgate gate RUN_DIR --gates FILE`"
             ) from exc
 
 
@@ -246,8 +221,6 @@ def _with_declarations(gate: dict[str, Any]) -> dict[str, Any]:
     carried them takes them from today's registry: the one place they are ever derived."""
     if "timing" in gate:
         return {**gate, "cause": Cause(gate["cause"])}
-    from gates.metrics import REGISTRY  # only for old verdicts: keeps this module a leaf
-
     definition = REGISTRY.get(gate["metric"])
     if definition is None:
         raise ValueError(

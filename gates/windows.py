@@ -14,7 +14,7 @@ import pyarrow.compute as pc
 from contract import FaultEffect, Outcome
 from contract.enums import BROKEN_OUTCOMES
 from gates.rundir import RunData
-from gates.spec import GateFilter
+from gates.terms import GateFilter
 
 Intervals = list[tuple[float, float]]
 # The client's view of a connection that broke or stalled (no server's answer in it).

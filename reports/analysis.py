@@ -18,8 +18,8 @@ from contract.seed import SEED
 from gates.applicability import available
 from gates.metrics import REGISTRY
 from gates.rundir import RunData
-from gates.spec import GateFilter
 from gates.stats import percentile
+from gates.terms import GateFilter
 from gates.windows import counter_increase, isin, label_value
 
 BUCKETS = 240

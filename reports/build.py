@@ -24,7 +24,8 @@ from gates.metrics import REGISTRY
 from gates.metrics_capacity import curve as capacity_curve
 from gates.metrics_security import side_channel
 from gates.rundir import RunData, load_run
-from gates.spec import GateFilter, GateSpecError, load_gate_file
+from gates.spec import GateSpecError, load_gate_file
+from gates.terms import GateFilter
 from gates.verdict import Status, Verdict, _clean
 from reports.charts import Line, LineChart, Rendered, env, render
 from reports.figures import FIGURES

@@ -20,7 +20,7 @@ import pandas as pd
 from gates.metrics import REGISTRY
 from gates.metrics_capacity import curve
 from gates.rundir import RunDirError, load_run
-from gates.spec import GateFilter
+from gates.terms import GateFilter
 from reports.charts import Line, LineChart, render
 from reports.cli import Parser, parse
 

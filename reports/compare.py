@@ -21,7 +21,8 @@ from contract import EventKind
 from contract.enums import DEATH_EVENTS
 from gates.rundir import RunData
 from gates.stats import percentile
-from gates.verdict import Cause, Verdict, _clean
+from gates.terms import Cause
+from gates.verdict import Verdict, _clean
 from reports import analysis
 
 MAX_SAMPLES = 20_000  # per side; a rank test on more adds nothing but time
@@ -38,7 +39,7 @@ class Decision(StrEnum):
 
 
 EXIT_CODES = {Decision.PROMOTE: 0, Decision.HOLD: 4, Decision.ROLLBACK: 3}
-# The causes a rollback can name: those a metric can declare (gates/verdict.py), NONE aside.
+# The causes a rollback can name: those a metric can declare (gates/terms.py), NONE aside.
 CAUSES: dict[str, str] = {c.value: c.description for c in Cause if c is not Cause.NONE}
 
 

@@ -16,7 +16,8 @@ from typing import Any
 from gates.evaluator import evaluate
 from gates.rundir import RunData
 from gates.spec import GateFile
-from gates.verdict import Cause, Status, Verdict, timing_could_fake
+from gates.terms import Cause
+from gates.verdict import Status, Verdict, timing_could_fake
 from reports import analysis
 from reports.compare import (
     CAUSES,

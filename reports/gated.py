@@ -11,7 +11,8 @@ from pydantic import ValidationError
 
 from gates.metrics import REGISTRY
 from gates.rundir import RunData
-from gates.spec import GateFilter, GateSpecError, Threshold, load_gate_file
+from gates.spec import GateSpecError, load_gate_file
+from gates.terms import GateFilter, Threshold
 from gates.verdict import Verdict
 from gates.windows import resolve_window
 

@@ -16,7 +16,8 @@ import yaml
 import contract
 from contract import EventKind, Outcome, Priority, RejectCause, RejectCode, ServerEvent
 from contract.enums import ANSWERED_OR_CANCELLED, BROKEN_OUTCOMES, FAILED_OUTCOMES
-from gates.spec import BUILTIN_GATES, Threshold
+from gates.spec import BUILTIN_GATES
+from gates.terms import Threshold
 
 ROOT = Path(__file__).resolve().parents[1]
 # The one module of the package with dependencies (pydantic, yaml), imported only by name.

@@ -82,8 +82,8 @@ def test_every_stage_counts_an_unanswered_request_as_the_ttft_gate_does(tmp_path
     from contract import Outcome
     from contract.quantiles import censored_latency
     from gates.metrics_requests import ttft
-    from gates.spec import GateFilter
     from gates.stats import percentile
+    from gates.terms import GateFilter
 
     b = RunBuilder()
     cases = list(itertools.product(Outcome, (None, 200, 400, 429, 500, 503), (None, 0.25)))

@@ -14,7 +14,8 @@ import pytest
 from gates import stats
 from gates.evaluator import evaluate
 from gates.rundir import load_run
-from gates.spec import GateSpecError, Threshold, load_gate_file
+from gates.spec import GateSpecError, load_gate_file
+from gates.terms import Threshold
 from gates.verdict import Status, Verdict
 from tests.gates.builder import RunBuilder, gate_file, preempted
 from tests.gates.conftest import gate

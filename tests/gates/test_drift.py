@@ -10,7 +10,7 @@ import pytest
 from gates.estimate import estimate
 from gates.evaluator import evaluate_run
 from gates.rundir import load_run
-from gates.spec import Threshold
+from gates.terms import Threshold
 from gates.verdict import Status
 from reports.build import load_verdict, trend_charts
 from reports.charts import LineChart

@@ -7,8 +7,12 @@ from pathlib import Path
 import pytest
 
 from gates.cli import main
-from gates.spec import GateSpecError, Threshold, load_gate_file
+from gates.metrics import REGISTRY
+from gates.spec import GateSpec, GateSpecError, checked_gate_file, load_gate_file
+from gates.terms import Threshold
+from gates.verdict import Status
 from tests.gates.builder import gate_file
+from tests.reports.verdicts import ttft_gate, verdict
 
 
 @pytest.mark.parametrize(
@@ -67,8 +71,13 @@ def test_builtin_gates_carry_the_seed_numbers() -> None:
         ),
         (
             '  - {id: a, title: A, metric: oom_events, pass: "count == 0", filter: {tenant: [x]}}',
-            "gates[0] (id: a)",
+            "gates[0] (id: a).filter",
             "cannot filter by tenant",
+        ),
+        (
+            '  - {id: a, title: A, metric: ttft, pass: "p(95) < 1", params: {grace_s: 2}}',
+            "gates[0] (id: a).params",
+            "has no parameter grace_s; its parameters: none",
         ),
         (
             '  - {id: a, title: A, metric: ttft, pass: "p(95) < 1", colour: red}',
@@ -94,6 +103,39 @@ def test_bad_gate_file_names_the_yaml_path(
         load_gate_file(gate_file(tmp_path / "g.yaml", entry))
     assert path in str(err.value)
     assert words in str(err.value)
+
+
+def test_the_models_know_no_metric_and_the_loader_checks_each_gate_against_its_own() -> None:
+    """As k6 checks its thresholds at init: the spec's models check a gate's shape alone (so
+    the registry never needs them back), and the loader checks it against its metric."""
+    retired = {"id": "r", "title": "R", "metric": "retired_metric", "pass": "max < 1"}
+    assert GateSpec.model_validate(retired).metric == "retired_metric"
+    served = {"id": "s", "title": "S", "metric": "availability", "pass": "p(95) > 0.9"}
+    with pytest.raises(GateSpecError) as err:
+        checked_gate_file({"gates": [retired, served]}, "these gates are invalid")
+    assert str(err.value).splitlines() == [
+        "these gates are invalid:",
+        f"  gates[0] (id: r): metric 'retired_metric' is unknown; known metrics: "
+        f"{', '.join(sorted(REGISTRY))}",
+        "  gates[1] (id: s).pass: metric 'availability' is a rate metric and cannot be judged "
+        "by p(95); use one of: rate, count, sum",
+    ]
+
+
+def test_the_gates_a_verdict_keeps_are_checked_against_their_metrics_when_read_back() -> None:
+    kept = {"id": "ttft_critical_p95", "title": "t", "metric": "ttft", "pass": "p(95) <= 0.9"}
+    judged = verdict(Status.PASS, ttft_gate(spec=kept))
+    judged.fail_score_below = 0.75
+    assert judged.gate_file().gates[0].pass_.value == pytest.approx(0.9)
+    judged.gates[0].spec = {**kept, "metric": "retired_metric"}
+    with pytest.raises(GateSpecError) as err:
+        judged.gate_file()
+    assert str(err.value).splitlines()[:2] == [
+        "the gates the verdict of run keeps do not read back:",
+        f"  gates[0] (id: ttft_critical_p95): metric 'retired_metric' is unknown; known metrics: "
+        f"{', '.join(sorted(REGISTRY))}",
+    ]
+    assert str(err.value).endswith("judge the run again with `kvgate gate RUN_DIR --gates FILE`")
 
 
 def test_duplicate_ids_and_yaml_syntax_errors(tmp_path: Path) -> None:

@@ -10,7 +10,8 @@ import pytest
 from gates.estimate import estimate
 from gates.evaluator import evaluate
 from gates.rundir import load_run
-from gates.spec import Threshold, load_gate_file
+from gates.spec import load_gate_file
+from gates.terms import Threshold
 from tests.gates.builder import RunBuilder, gate_file
 
 

@@ -14,7 +14,7 @@ import pandas as pd
 
 from gates.registry import Cause, Observations, metric
 from gates.rundir import RunData
-from gates.spec import GateFilter
+from gates.terms import GateFilter
 from gates.windows import select
 
 NAME = "toy_time_per_token"
