@@ -27,7 +27,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from gates.stats import percentile
-from harness.netproxy_client import ProxyClient, start_proxy
+from harness.netproxy.client import ProxyClient, start_proxy
 
 LATENCY_TARGET_MS = 5.0
 BANDWIDTH_OVER_MAX = 1.05

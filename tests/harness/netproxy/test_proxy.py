@@ -24,7 +24,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import psutil
 import pytest
 
-from harness.netproxy_client import ProxyError, ProxyProcess, start_proxy
+from harness.netproxy.client import ProxyError, ProxyProcess, start_proxy
 from tests.waiting import wait_until
 
 IO_TIMEOUT_S = 10.0

@@ -30,10 +30,10 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from harness.netproxy import ProxyStats
-from harness.netproxy_toxics import ToxicSpec
+from harness.netproxy.proxy import ProxyStats
+from harness.netproxy.toxics import ToxicSpec
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 READY_POLL_S = 0.02
 STOP_GRACE_S = 5.0
 

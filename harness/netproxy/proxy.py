@@ -1,5 +1,5 @@
 """A TCP fault proxy with toxiproxy's semantics: `python -m harness.netproxy`, the engine of
-the `network` fault kind (toxics: harness/netproxy_toxics.py; client: netproxy_client.py).
+the `network` fault kind (toxics: toxics.py; client: client.py).
 
 Each accepted client connection opens one upstream connection and two pipes: "downstream"
 (upstream -> client) and "upstream" (client -> upstream). A pipe is a reader task that
@@ -32,7 +32,7 @@ from typing import Any
 
 from aiohttp import web
 
-from harness.netproxy_toxics import TOXIC_TYPES, Effect, Stream, ToxicError, ToxicSpec
+from harness.netproxy.toxics import TOXIC_TYPES, Effect, Stream, ToxicError, ToxicSpec
 
 log = logging.getLogger("netproxy")
 READ_BYTES = 64 * 1024
@@ -470,7 +470,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     asyncio.run(serve(config, listen_sock, control_sock))
     return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
