@@ -9,7 +9,7 @@ through its Flask app, a blueprint with
   "samples": {...}, "faults": [...], "fault_kinds": [...], "stopping"}`;
 - `POST /kvgate/stop`: a graceful stop; the run is still judged and reported;
 - `POST /kvgate/fault` (`{"kind": K}`): the plan's first fault of kind K, now, journaled.
-The gates' values come from the running evaluation (harness/watch.py), refreshed every
+The gates' values come from the running evaluation (watch.py), refreshed every
 10 s. Bound beyond loopback, every route (Locust's too) needs the token, given as `?token=`
 or the `X-Kvgate-Token` header.
 """
@@ -19,12 +19,14 @@ from __future__ import annotations
 import hmac
 import json
 import secrets
+import sys
 import time
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import gevent
 from flask import Blueprint, Response, jsonify, request
 
 from contract import servers
@@ -37,7 +39,7 @@ HISTORY = 600  # points kept per series (20 min at one point per 2 s)
 POINT_EVERY_S = 2.0
 POOL_GAUGES = servers.metric_names("kv_usage")  # each server profile's KV-usage gauge
 GPU_GAUGES = ("kvgate_sim_gpu_memory_used_bytes", "DCGM_FI_DEV_FB_USED")
-PAGE = Path(__file__).with_name("webui.html")
+PAGE = Path(__file__).with_name("web.html")
 
 
 class WebError(ValueError):
@@ -176,3 +178,27 @@ def require_token(token: str) -> Callable[[], Response | None]:
         )
 
     return check
+
+
+def start_web_ui(
+    env: Any,
+    state: LiveState,
+    stop: Callable[[], None],
+    inject: Callable[[str], str],
+    web: tuple[str, int, str | None],
+) -> tuple[Any, str]:
+    """Locust's web UI for the Locust environment `env` on `web` (host, port, token), with
+    the kvgate page added: the UI object and the page's address, token included."""
+    host, port, token = web
+    # Locust's UI re-parses sys.argv with its own parser when it renders its page; ours
+    # (kvgate run PLAN --web ...) would read as ambiguous Locust options, so it sees none.
+    sys.argv = sys.argv[:1]
+    web_ui = env.create_web_ui(host=host, port=port)
+    if token:
+        web_ui.app.before_request(require_token(token))
+    web_ui.app.register_blueprint(blueprint(state, stop, inject, token))
+    gevent.sleep(0.2)  # Locust binds its server in a greenlet: let it, to learn the port
+    bound = getattr(getattr(web_ui, "server", None), "server_port", port)
+    shown = f"http://{host}:{bound}/kvgate"
+    shown += f"?token={token}" if token else ""
+    return web_ui, shown

@@ -7,7 +7,7 @@ from pathlib import Path
 from gates.evaluator import evaluate_run
 from gates.spec import GateSpec
 from gates.verdict import Status
-from harness.watch import RunWatch, clearly_failed
+from harness.live.watch import RunWatch, clearly_failed
 from tests.gates.builder import RunBuilder
 from tests.waiting import wait_until
 

@@ -1,12 +1,12 @@
 """While the load runs: abort on a clearly failed gate, and interim reports.
 
 Both read the run directory as it grows (meta.json rewritten as "running" first; the table
-readers drop a torn last line), each in a child process (`python -m harness.watch check|report
-RUN_DIR`) so that loading a large run never stalls the load generator's event loop. A gate
-with `abort_on_fail` that has clearly failed on the evidence so far (`clearly_failed`),
-`abort_grace_s` or more into the load, stops the load; the run is then torn down, judged
-and reported as usual, and its verdict is FAIL with the reason (gates/evaluator.py reads
-meta.json's `aborted`).
+readers drop a torn last line), each in a child process (`python -m harness.live.watch
+check|report RUN_DIR`) so that loading a large run never stalls the load generator's event
+loop. A gate with `abort_on_fail` that has clearly failed on the evidence so far
+(`clearly_failed`), `abort_grace_s` or more into the load, stops the load; the run is then
+torn down, judged and reported as usual, and its verdict is FAIL with the reason
+(gates/evaluator.py reads meta.json's `aborted`).
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ class RunWatch:
         return None
 
     def _spawn(self, what: str) -> subprocess.Popen[str]:
-        cmd = [sys.executable, "-m", "harness.watch", what, str(self.run_dir)]
+        cmd = [sys.executable, "-m", "harness.live.watch", what, str(self.run_dir)]
         cmd.append(str(self.gates_file) if self.gates_file is not None else "builtin")
         if what == "check" and self.all_gates:
             cmd.append("--all")
@@ -147,7 +147,7 @@ def _check(run_dir: Path, gates_file: Path | None, every: bool) -> list[dict[str
 def main(argv: Sequence[str]) -> int:
     if len(argv) < 3 or argv[0] not in ("check", "report"):
         print(
-            "usage: python -m harness.watch check|report RUN_DIR GATES|builtin [--all]",
+            "usage: python -m harness.live.watch check|report RUN_DIR GATES|builtin [--all]",
             file=sys.stderr,
         )
         return 2
