@@ -36,7 +36,7 @@ IN_PROCESS = {
     "report": "reports.cli:main",
     "compare": "reports.compare_cmd:main",
     "capacity": "reports.capacity_cmd:main",
-    "qualify": "harness.qualify:main",
+    "qualify": "harness.qualify.cli:main",
 }
 # Subcommands that become their own process (the server side never shares a process with us).
 AS_PROCESS = {
@@ -46,7 +46,7 @@ BENCHES_IN_PROCESS = {
     "client": "workloads.bench:main",
     "analysis": "reports.bench:main",
     "proxy": "harness.netproxy_bench:main",
-    "verdicts": "harness.repeat:main",
+    "verdicts": "harness.qualify.runs:main",
 }
 BENCHES_AS_PROCESS = {
     "scheduler": "server.scheduler.bench",

@@ -2,7 +2,7 @@
 
 Runs the plan N times with the policy under test (the plan as given, plus --set), then once
 per selected mutant (the reference server carrying that bug: `--set target.mutant=NAME`),
-each as its own `kvgate run` process (harness/repeat.py). Writes qualify.json, qualify.md and
+each as its own `kvgate run` process (runs.py). Writes qualify.json, qualify.md and
 qualify.html into the output folder; `--json` prints qualify.json's object as the last line.
 
 Exit codes: 0 every mutant caught by a gate meant for it and every policy run PASS; 3 a
@@ -23,9 +23,9 @@ from typing import Any
 
 import contract
 from gates.spec import GateSpecError, load_gate_file
-from harness import qualification
 from harness.plan import ExternalTarget, Plan, PlanError, ReferenceTarget, load_plan
-from harness.repeat import default_out, describe, run_once
+from harness.qualify import findings
+from harness.qualify.runs import default_out, describe, run_once
 from reports.qualify import write_html
 
 EXIT_USAGE, EXIT_INTERRUPTED = 2, 130
@@ -192,15 +192,15 @@ def jobs(
 
 def _caught(result: dict[str, Any]) -> str:
     """How a mutant's run ended, for its progress line."""
-    if result["outcome"] == qualification.DETECTED:
+    if result["outcome"] == findings.DETECTED:
         caught = [g for g in result["failed_gates"] if g in result["expected_gates"]]
         return f"caught by {', '.join(caught)}"
-    if result["outcome"] == qualification.NOT_STOPPED:
+    if result["outcome"] == findings.NOT_STOPPED:
         caught = [g for g in result["failed_gates"] if g in result["expected_gates"]]
         return f"caught by {', '.join(caught)}, but the run reads {result['verdict']}"
-    if result["outcome"] == qualification.BY_ACCIDENT:
+    if result["outcome"] == findings.BY_ACCIDENT:
         return f"caught only by accident, by {', '.join(result['failed_gates'])}"
-    if result["outcome"] == qualification.MISSED:
+    if result["outcome"] == findings.MISSED:
         return f"MISSED (expected {', '.join(result['expected_gates'])} to fail)"
     return "no verdict"
 
@@ -215,7 +215,7 @@ def execute(
         records.append(record)
         line = f"run {i}/{len(work)} {job.label}: {describe(record)}"
         if job.mutant is not None:
-            result = qualification.mutant_result(record, (specs or contract.MUTANTS)[job.mutant])
+            result = findings.mutant_result(record, (specs or contract.MUTANTS)[job.mutant])
             line += f": {_caught(result)}"
         print(line, flush=True)
         if record["exit_code"] == EXIT_USAGE:
@@ -230,7 +230,7 @@ def execute(
 
 def write(q: dict[str, Any], out: Path, title: str, records: Sequence[dict[str, Any]]) -> None:
     (out / "qualify.json").write_text(json.dumps(q, indent=1) + "\n")
-    (out / "qualify.md").write_text(qualification.markdown(q, title, records))
+    (out / "qualify.md").write_text(findings.markdown(q, title, records))
     write_html(q, out / "qualify.html")
 
 
@@ -268,7 +268,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     q = {
         "plan": args.plan,
         "overrides": list(args.overrides),
-        **qualification.qualify(records[: args.runs], by_mutant, teeth.specs, teeth.word),
+        **findings.qualify(records[: args.runs], by_mutant, teeth.specs, teeth.word),
     }
     title = " ".join([args.plan, *(f"--set {o}" for o in args.overrides)])
     try:

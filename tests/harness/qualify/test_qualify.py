@@ -13,8 +13,8 @@ import pytest
 
 import contract
 from gates.stats import wilson
-from harness import qualify as qualify_cmd
-from harness.qualification import qualify
+from harness.qualify import cli as qualify_cmd
+from harness.qualify.findings import qualify
 from tests.cli_helpers import kvgate
 
 PLAN = """
@@ -45,7 +45,7 @@ def gate(status: str, value: float | None = None) -> dict[str, Any]:
 def record(
     run_dir: Path | str, statuses: dict[str, str], values: dict[str, float] | None = None
 ) -> dict[str, Any]:
-    """A record shaped like `repeat.run_once`'s; the verdict is the worst gate status."""
+    """A record shaped like `runs.run_once`'s; the verdict is the worst gate status."""
     worst = next((s for s in ("FAIL", "INVALID", "MARGINAL") if s in statuses.values()), "PASS")
     return {
         "run_dir": str(run_dir),

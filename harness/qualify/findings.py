@@ -1,6 +1,6 @@
 """What a qualification found, from the records of its runs: the detection matrix, each gate's
 false-alarm rate on the policy under test and its margin in run-to-run spreads, and the exit
-code. Pure functions over `repeat.run_once` records; `harness/qualify.py` runs the plans.
+code. Pure functions over `runs.run_once` records; `cli.py` runs the plans.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 
 from contract import MutantSpec
 from gates.stats import CONFIDENCE, wilson
-from harness.repeat import gate_table, run_table, summarise
+from harness.qualify.runs import gate_table, run_table, summarise
 from reports.qualify import OUTCOME_TEXT, margin_text, rate_text
 
 # A gate whose mean sits less than this many run-to-run standard deviations from its line
@@ -174,7 +174,7 @@ def _absent(mutant: dict[str, Any]) -> str:
 
 
 def markdown(q: dict[str, Any], title: str, records: Sequence[dict[str, Any]]) -> str:
-    """qualify.md: the result, the detection matrix, false alarms, then repeat's tables."""
+    """qualify.md: the result, the detection matrix, false alarms, then the tables of runs.py."""
     lines = [f"# Qualification of {title}: {q['result']} (exit {q['exit_code']})", ""]
     lines += [f"- {r}" for r in q["reasons"]] or [
         f"Every {q.get('word', 'mutant')} was caught by a gate meant for it, and every policy "

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.repeat import main, markdown, summarise
+from harness.qualify.runs import main, markdown, summarise
 
 
 def record(status: str, ttft: float | str, oom_status: str = "PASS") -> dict[str, object]:
