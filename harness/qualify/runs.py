@@ -1,16 +1,12 @@
-"""`kvgate bench verdicts PLAN --runs N`: does the verdict hold on unchanged code?
-
-Runs the same plan N times, each as its own `kvgate run` process, and reports the
-distribution rather than one lucky run: how often each verdict came out, and for every gate
-its status counts, its value across runs, and its margin to the threshold in units of the
-run-to-run spread (a gate within one spread of its line will flake). Writes
-`verdicts.json` and `verdicts.md` into the output folder; `--json` prints the summary as
-the last line of stdout.
+"""A series of runs of one plan, each as its own `kvgate run` process, and its distribution
+rather than one lucky run: how often each verdict came out, and for every gate its status
+counts, its value across runs, and its margin to the threshold in units of the run-to-run
+spread (a gate within one spread of its line will flake). `kvgate bench verdicts` reports
+one series (harness/bench/verdicts.py); `kvgate qualify` builds on the same records.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import statistics
@@ -25,21 +21,7 @@ from typing import Any
 from gates import schema
 from gates.spec import Threshold
 
-EXIT_USAGE = 2
 STATUSES = ("PASS", "MARGINAL", "FAIL", "INVALID")
-
-
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="kvgate bench verdicts",
-        description="Run one plan N times and report the distribution of its verdicts.",
-    )
-    p.add_argument("plan", help="plan YAML")
-    p.add_argument("--runs", type=int, default=10, help="how many runs (default 10)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
-    p.add_argument("--out", type=Path, default=None, help="folder for the runs and the summary")
-    p.add_argument("--json", action="store_true", help="print the summary JSON as the last line")
-    return p
 
 
 def run_once(plan: str, overrides: Sequence[str], run_dir: Path) -> dict[str, Any]:
@@ -189,34 +171,3 @@ def describe(record: dict[str, Any]) -> str:
 def default_out(prefix: str) -> Path:
     """runs/PREFIX-YYYYmmdd-HHMMSS: where a series of runs goes unless --out says otherwise."""
     return Path("runs") / f"{prefix}-{time.strftime('%Y%m%d-%H%M%S')}"
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    try:
-        args = parser().parse_args(list(sys.argv[1:] if argv is None else argv))
-    except SystemExit as exc:
-        return 0 if exc.code in (0, None) else EXIT_USAGE
-    if args.runs < 1:
-        print("kvgate bench verdicts: --runs must be at least 1", file=sys.stderr)
-        return EXIT_USAGE
-    if not Path(args.plan).is_file():
-        print(f"kvgate bench verdicts: no such plan file: {args.plan}", file=sys.stderr)
-        return EXIT_USAGE
-    out = args.out or default_out("verdicts")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        print(f"kvgate bench verdicts: cannot create {out}: {exc.strerror}", file=sys.stderr)
-        return EXIT_USAGE
-    records = []
-    for i in range(args.runs):
-        record = run_once(args.plan, args.overrides, out / f"run{i + 1:02d}")
-        records.append(record)
-        print(f"run {i + 1}/{args.runs}: {describe(record)}", flush=True)
-    summary = summarise(records)
-    (out / "verdicts.json").write_text(json.dumps(summary, indent=2) + "\n")
-    (out / "verdicts.md").write_text(markdown(summary, args.plan, args.overrides))
-    print(f"wrote {out / 'verdicts.md'}")
-    if args.json:
-        print(json.dumps({k: v for k, v in summary.items() if k != "records"}))
-    return 0

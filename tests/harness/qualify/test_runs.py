@@ -1,14 +1,13 @@
-"""`kvgate bench verdicts`: the distribution of verdicts and each gate's margin in spreads."""
+"""A series of runs: the distribution of verdicts and each gate's margin in spreads."""
 
 from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 
 import pytest
 
-from harness.qualify.runs import main, markdown, summarise
+from harness.qualify.runs import markdown, summarise
 
 
 def record(status: str, ttft: float | str, oom_status: str = "PASS") -> dict[str, object]:
@@ -64,11 +63,3 @@ def test_a_censored_run_has_no_finite_margin_and_counts_as_a_false_alarm() -> No
     assert steady["margin_spreads"] == "inf"  # count == 0 in every run: nowhere near failing
     json.dumps(summary, allow_nan=False)  # JSON-safe: no NaN/Infinity literals
     assert math.isinf(float(ttft["values"][1]))
-
-
-def test_bad_arguments_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main([str(tmp_path / "missing.yaml")]) == 2
-    assert "no such plan file" in capsys.readouterr().err
-    plan = tmp_path / "p.yaml"
-    plan.write_text("name: p\n")
-    assert main([str(plan), "--runs", "0"]) == 2

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from reports.bench import main
+from harness.bench.analysis import main
 
 
 def test_bench_reports_seconds_and_peak_rss(capsys: pytest.CaptureFixture[str]) -> None:

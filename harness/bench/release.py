@@ -1,5 +1,5 @@
-"""`kvgate bench server --release` (= `python -m server.bench_release`): how fast the
-reference deployment lets go of what it holds, on a fresh deployment.
+"""`kvgate bench server --release`: how fast the reference deployment lets go of what it
+holds, on a fresh deployment.
 
 Owns two scenarios, which the server tests replay to check what happens (every disconnect
 released, for the right request; the ledger settled) while this module measures how long it
@@ -20,7 +20,6 @@ import asyncio
 import json
 import os
 import signal
-import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -31,7 +30,8 @@ from urllib.request import Request, urlopen
 
 import aiohttp
 
-from server.bench_hostile import start_deployment
+from harness.bench.base import Bench, BenchError, BenchUsageError, stop_process
+from harness.bench.hostile import start_deployment
 
 ADMIN_KEY = "kvg-admin-key"
 STREAM_TENANTS = ("acme", "globex", "initech", "sys")
@@ -85,7 +85,7 @@ async def _stream_then_disconnect(host: str, port: int, rid: str) -> float:
     while b'"delta":{"content"' not in seen:
         chunk = await asyncio.wait_for(reader.read(65536), 60)
         if not chunk:
-            raise RuntimeError(f"{rid}: the stream ended before its first token: {seen[-300:]!r}")
+            raise BenchError(f"{rid}: the stream ended before its first token: {seen[-300:]!r}")
         seen += chunk
     t_close = time.time()
     writer.transport.abort()
@@ -208,7 +208,7 @@ async def _all_placed(url: str, n: int, victim: str, wait_s: float) -> None:
             if routed and on_victim:
                 return
             await asyncio.sleep(0.05)
-    raise RuntimeError(f"the gateway never held all {n} requests with a batch one on {victim}")
+    raise BenchError(f"the gateway never held all {n} requests with a batch one on {victim}")
 
 
 async def _ledger_settles(url: str, dead: str, t_kill: float, wait_s: float) -> float:
@@ -225,7 +225,7 @@ async def _ledger_settles(url: str, dead: str, t_kill: float, wait_s: float) -> 
             ):
                 return time.time() - t_kill
             await asyncio.sleep(0.05)
-    raise RuntimeError(f"the ledger never settled within {wait_s:g} s of the kill: {rep}")
+    raise BenchError(f"the ledger never settled within {wait_s:g} s of the kill: {rep}")
 
 
 async def _kill_scenario(
@@ -267,6 +267,8 @@ def _round(value: float | None) -> float | None:
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
+    if not (1 <= args.wave <= args.cancels <= 5000):
+        raise BenchUsageError("need 1 <= --wave <= --cancels <= 5000")
     out: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="kvgate-release-") as tmp:
         proc, ready = start_deployment(Path(tmp) / "storm", replicas=1, time_scale=1.0)
@@ -275,14 +277,12 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                 str(ready["gateway_url"]), args.cancels, args.wave
             )
         finally:
-            proc.terminate()
-            proc.wait(20)
+            stop_process(proc, grace_s=20)
         proc, ready = start_deployment(Path(tmp) / "kill", replicas=2, time_scale=1.0)
         try:
             out["replica_kill"] = measure_kill(str(ready["gateway_url"]), ready["replicas"])
         finally:
-            proc.terminate()
-            proc.wait(20)
+            stop_process(proc, grace_s=20)
     out["targets"] = {"release_ms_p99": TARGET_RELEASE_P99_MS, "ledger_settle_s": TARGET_SETTLE_S}
     out["meets_targets"] = all(
         part["meets_target"] for part in out.values() if "meets_target" in part
@@ -290,22 +290,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="kvgate bench server --release", description=__doc__)
+def _options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cancels", type=int, default=200, help="streams closed in the storm")
     parser.add_argument("--wave", type=int, default=20, help="streams opened at once")
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
-    args = parser.parse_args(argv)
-    if not (1 <= args.wave <= args.cancels <= 5000):
-        parser.error("need 1 <= --wave <= --cancels <= 5000")
-    result = measure(args)
-    if args.json:
-        print(json.dumps(result))
-    else:
-        for name, value in result.items():
-            print(f"{name}: {value}")
-    return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+BENCH = Bench("kvgate bench server --release", __doc__ or "", _options, measure)

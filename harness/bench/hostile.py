@@ -1,5 +1,4 @@
-"""`kvgate bench server --hostile` (= `python -m server.bench_hostile`): hostile input
-against a fresh reference deployment.
+"""`kvgate bench server --hostile`: hostile input against a fresh reference deployment.
 
 Owns the fixed corpus of hostile requests (the robustness tests send the same one), a raw
 HTTP/1.1 client that can send bytes no HTTP library will (bad framing, non-UTF-8 headers),
@@ -20,7 +19,6 @@ import random
 import socket
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 import zlib
@@ -31,6 +29,8 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+
+from harness.bench.base import Bench, start_process, stop_process
 
 MODEL = "llama-3-8b"
 KEY = b"Bearer kvg-acme-key"
@@ -325,25 +325,12 @@ def start_deployment(
 ) -> tuple[subprocess.Popen[bytes], dict[str, Any]]:
     """A fresh `server.serve` under `work` (its state and log there); its ready file."""
     work.mkdir(parents=True, exist_ok=True)
-    ready = work / "ready.json"
-    argv = [sys.executable, "-m", "server.serve", "--replicas", str(replicas), "--port", "0"]
-    argv += ["--time-scale", str(time_scale), "--state-dir", str(work / "state")]
-    argv += ["--ready-file", str(ready)]
-    with (work / "serve.log").open("wb") as log:
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if ready.exists():
-            info: dict[str, Any] = json.loads(ready.read_text())
-            return proc, info
-        if proc.poll() is not None:
-            break
-        time.sleep(0.1)
-    proc.terminate()
-    raise RuntimeError(f"serve did not start; see {work / 'serve.log'}")
+    args = ["--replicas", str(replicas), "--port", "0", "--time-scale", str(time_scale)]
+    args += ["--state-dir", str(work / "state")]
+    return start_process("server.serve", args, work / "ready.json", work / "serve.log")
 
 
-def measure(args: argparse.Namespace) -> dict[str, object]:
+def measure(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="kvgate-hostile-") as tmp:
         proc, ready = start_deployment(Path(tmp))
         try:
@@ -376,26 +363,16 @@ def measure(args: argparse.Namespace) -> dict[str, object]:
                 "processes_alive": alive,
             }
         finally:
-            proc.terminate()
-            proc.wait(20)
+            stop_process(proc, grace_s=20)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="kvgate bench server --hostile", description=__doc__)
+def _options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cases", type=int, default=600, help="hostile requests (>= corpus)")
     parser.add_argument("--seed", type=int, default=13, help="seed of the random mutations")
     parser.add_argument("--health-seconds", type=float, default=10.0)
     parser.add_argument("--senders", type=int, default=3, help="threads sending heavy bodies")
-    parser.add_argument("--json", action="store_true", help="print JSON only")
-    args = parser.parse_args(argv)
-    result = measure(args)
-    if args.json:
-        print(json.dumps(result))
-    else:
-        for name, value in result.items():
-            print(f"{name}: {value}")
-    return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+BENCH = Bench(
+    "kvgate bench server --hostile", __doc__ or "", _options, measure, json_help="print JSON only"
+)

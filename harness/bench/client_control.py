@@ -1,9 +1,10 @@
 """A control SSE server for `kvgate bench client` that stamps every chunk as it writes it.
 
-`python -m workloads.bench_server --ready-file F` serves `POST /v1/chat/completions` like
-an OpenAI server in streaming mode: every `--step-ms` one token per open stream, each chunk
-carrying `kvgate_emit_ts` taken just before its own write. Measured against it, a client's
-TTFT error is the client's own (plus loopback), whatever the stamping of the real server.
+`python -m harness.bench.client_control --ready-file F` serves `POST /v1/chat/completions`
+like an OpenAI server in streaming mode: every `--step-ms` one token per open stream, each
+chunk carrying `kvgate_emit_ts` taken just before its own write. Measured against it, a
+client's TTFT error is the client's own (plus loopback), whatever the stamping of the real
+server.
 """
 
 from __future__ import annotations
@@ -109,7 +110,7 @@ class ControlServer:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m workloads.bench_server")
+    parser = argparse.ArgumentParser(prog="python -m harness.bench.client_control")
     parser.add_argument("--ready-file", required=True, help="JSON {url, pid} once listening")
     parser.add_argument("--step-ms", type=float, default=20.0, help="time between tokens")
     args = parser.parse_args(argv)

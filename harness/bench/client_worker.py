@@ -1,9 +1,10 @@
 """One client variant of `kvgate bench client`, alone in its process so its CPU time is its own.
 
-`python -m workloads.bench_worker --variant ours|ours_userspace|httpuser|fasthttp --url URL`
-runs N Locust users streaming from the reference server with `X-Kvgate-Debug-Timing: 1`
-and prints one JSON line: TTFT error against the server's emit time, and the content events
-handled per CPU-second of this process, both over a measuring window after a warm-up.
+`python -m harness.bench.client_worker --variant ours|ours_userspace|httpuser|fasthttp
+--url URL` runs N Locust users streaming from the reference server with
+`X-Kvgate-Debug-Timing: 1` and prints one JSON line: TTFT error against the server's emit
+time, and the content events handled per CPU-second of this process, both over a measuring
+window after a warm-up.
 """
 
 from __future__ import annotations
@@ -222,7 +223,7 @@ def run(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m workloads.bench_worker")
+    parser = argparse.ArgumentParser(prog="python -m harness.bench.client_worker")
     parser.add_argument(
         "--variant", required=True, choices=("ours", "ours_userspace", "httpuser", "fasthttp")
     )

@@ -1,4 +1,4 @@
-"""The server benchmark runs end to end and reports its figures (speed is not asserted)."""
+"""`kvgate bench server` runs end to end and reports its figures (speed is not asserted)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,9 @@ def test_bench_reports_its_figures() -> None:
     argv = [
         sys.executable,
         "-m",
-        "server.bench",
+        "harness.cli",
+        "bench",
+        "server",
         "--json",
         "--streams",
         "20",

@@ -1,9 +1,8 @@
-"""`kvgate bench server` (= `python -m server.bench`): how many token events one replica
-process writes per second at 500 concurrent streams, how far its steps fall behind the
-simulated GPU's clock, and its CPU cost per 1,000 token events. With `--hostile`, the
-hostile-input benchmark instead (server/bench_hostile.py; `--hostile --help` lists its
-options); with `--release`, how fast a deployment releases cancelled and killed work
-(server/bench_release.py).
+"""`kvgate bench server`: how many token events one replica process writes per second at 500
+concurrent streams, how far its steps fall behind the simulated GPU's clock, and its CPU
+cost per 1,000 token events. With `--hostile`, the hostile-input benchmark instead
+(hostile.py; `--hostile --help` lists its options); with `--release`, how fast a deployment
+releases cancelled and killed work (release.py).
 
 One replica process (seed policy, sim engine) and one separate reader process that keeps
 `--streams` streams open (closed loop: a finished stream is replaced at once) and only counts
@@ -30,11 +29,12 @@ from urllib.request import Request, urlopen
 
 import psutil  # type: ignore[import-untyped]
 
+from harness.bench.base import Bench, BenchUsageError, run, show_fields, start_process, stop_process
+
 TARGET_EVENTS_PER_S = 20_000
 TARGET_LAG_P99_MS = 5.0
 TENANTS = 10
 BENCH_ADMIN_KEY = "bench-admin-key"  # /debug/steps takes the admin key
-READY_TIMEOUT_S = 30.0
 
 
 POLL_S = 0.002  # the reader polls instead of waking per packet, to stay off the server's CPU
@@ -127,51 +127,26 @@ def _get(url: str) -> dict[str, Any]:
 def _start_replica(work: Path, time_scale: float) -> tuple[subprocess.Popen[bytes], str]:
     tenants = work / "tenants.yaml"
     _tenants_file(tenants)
-    ready = work / "ready.json"
-    argv = [
-        sys.executable,
-        "-m",
-        "server.replica",
-        "--replica-id",
-        "bench",
-        "--port",
-        "0",
-        "--ready-file",
-        str(ready),
-        "--state-dir",
-        str(work),
-        "--tenants",
-        str(tenants),
-        "--time-scale",
-        str(time_scale),
-    ]
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL)
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    while not ready.exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise RuntimeError("the bench replica did not start; run it by hand to see why")
-        time.sleep(0.05)
-    return proc, str(json.loads(ready.read_text())["url"])
+    args = ["--replica-id", "bench", "--port", "0", "--state-dir", str(work)]
+    args += ["--tenants", str(tenants), "--time-scale", str(time_scale)]
+    proc, ready = start_process("server.replica", args, work / "ready.json", work / "replica.log")
+    return proc, str(ready["url"])
 
 
-def measure(args: argparse.Namespace) -> dict[str, object]:
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    if not (1 <= args.streams <= 5000 and args.window > 0 and args.warmup >= 0):
+        raise BenchUsageError("need 1 <= --streams <= 5000, --window > 0, --warmup >= 0")
     with tempfile.TemporaryDirectory(prefix="kvgate-bench-") as tmp:
         proc, url = _start_replica(Path(tmp), args.time_scale)
         try:
             return _measure_against(proc, url, args)
         finally:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop_process(proc)
 
 
 def _measure_against(
     proc: subprocess.Popen[bytes], url: str, args: argparse.Namespace
-) -> dict[str, object]:
+) -> dict[str, Any]:
     ctx = mp.get_context("spawn")
     recv, send = ctx.Pipe(duplex=False)
     total_s = args.warmup + args.window + 1.0
@@ -212,19 +187,7 @@ def _measure_against(
     }
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    rest = list(sys.argv[1:] if argv is None else argv)
-    if "--hostile" in rest:
-        rest.remove("--hostile")
-        from server import bench_hostile
-
-        return bench_hostile.main(rest)
-    if "--release" in rest:
-        rest.remove("--release")
-        from server import bench_release
-
-        return bench_release.main(rest)
-    parser = argparse.ArgumentParser(prog="kvgate bench server", description=__doc__)
+def _options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--hostile",
         action="store_true",
@@ -236,7 +199,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="run the release benchmark instead: disconnect-to-release and kill-to-settled "
         "(its options: --release --help)",
     )
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--streams", type=int, default=500)
     parser.add_argument("--warmup", type=float, default=4.0, help="seconds before measuring")
     parser.add_argument("--window", type=float, default=10.0, help="seconds measured")
@@ -248,17 +210,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="the replica's --time-scale (0.5: an H100 step model twice as fast, so the GPU "
         "model is not what limits events/s)",
     )
-    args = parser.parse_args(rest)
-    if not (1 <= args.streams <= 5000 and args.window > 0 and args.warmup >= 0):
-        parser.error("need 1 <= --streams <= 5000, --window > 0, --warmup >= 0")
-    result = measure(args)
-    if args.json:
-        print(json.dumps(result))
-    else:
-        for k, v in result.items():
-            print(f"{k:>22}: {v}")
-    return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+BENCH = Bench(
+    "kvgate bench server",
+    __doc__ or "",
+    _options,
+    measure,
+    show=lambda result: show_fields(result, width=22),
+)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    rest = list(sys.argv[1:] if argv is None else argv)
+    # Imported only when chosen: the reader process imports this module, and should start
+    # streaming at once.
+    if "--hostile" in rest:
+        rest.remove("--hostile")
+        from harness.bench import hostile
+
+        return run(hostile.BENCH, rest)
+    if "--release" in rest:
+        rest.remove("--release")
+        from harness.bench import release
+
+        return run(release.BENCH, rest)
+    return run(BENCH, rest)

@@ -7,6 +7,7 @@ and not timed; the analysis then runs in a child process so its wall time and pe
 
 from __future__ import annotations
 
+import argparse
 import json
 import resource
 import subprocess
@@ -20,7 +21,7 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from gates import schema
-from reports.cli import Parser, parse
+from harness.bench.base import Bench, BenchError, run
 from reports.synthetic import make_run
 
 TARGET_SECONDS = 20.0
@@ -58,7 +59,7 @@ def analyse_in_child(run_dir: Path) -> dict[str, Any]:
     )
     seconds = time.perf_counter() - start
     if done.returncode != 0:
-        raise RuntimeError(f"analysis child failed ({done.returncode}):\n{done.stderr[-4000:]}")
+        raise BenchError(f"analysis child failed ({done.returncode}):\n{done.stderr[-4000:]}")
     peak_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss  # KiB on Linux
     phases = json.loads(done.stdout.strip().splitlines()[-1])
     return {"seconds": round(seconds, 3), "peak_rss_gib": round(peak_kib / 2**20, 3), **phases}
@@ -97,23 +98,18 @@ def _rows(run_dir: Path, table: str) -> int:
     return int(pq.ParquetFile(run_dir / f"{table}.parquet").metadata.num_rows)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = Parser(prog="kvgate bench analysis", description=__doc__)
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    return bench(args.requests, args.samples, args.keep)
+
+
+def _options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--requests", type=int, default=1_000_000, help="synthetic requests")
     parser.add_argument("--samples", type=int, default=1_000_000, help="synthetic samples")
     parser.add_argument("--keep", type=Path, default=None, help="write the run here and keep it")
-    args = parse(parser, argv)
-    if isinstance(args, int):
-        return args
-    result = bench(args.requests, args.samples, args.keep)
-    if args.json:
-        print(json.dumps(result))
-    else:
-        for key, value in result.items():
-            print(f"{key}: {value}")
-    return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+BENCH = Bench("kvgate bench analysis", __doc__ or "", _options, measure)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run(BENCH, argv)

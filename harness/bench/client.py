@@ -1,12 +1,12 @@
 """`kvgate bench client`: our streaming client against Locust's HttpUser and FastHttpUser.
 
 Starts a reference replica, then runs each client variant in its own process
-(`workloads.bench_worker`) at the same number of concurrent streams, and reports TTFT error
+(client_worker.py) at the same number of concurrent streams, and reports TTFT error
 against the server's emit time (`X-Kvgate-Debug-Timing: 1`) and content events handled per
 client CPU-second. `ours_userspace` is our client with kernel receive stamps turned off.
-The `control_*` figures repeat ours and httpuser against `workloads.bench_server`, which
-stamps each chunk just before writing it (the replica stamps a whole step at once, before
-its writes), so there the TTFT error is the client's own.
+The `control_*` figures repeat ours and httpuser against a control server
+(client_control.py), which stamps each chunk just before writing it (the replica stamps a
+whole step at once, before its writes), so there the TTFT error is the client's own.
 """
 
 from __future__ import annotations
@@ -22,17 +22,23 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
+from harness.bench.base import (
+    REPO,
+    Bench,
+    BenchError,
+    BenchUsageError,
+    run,
+    start_process,
+    stop_process,
+)
+
 VARIANTS = ("ours", "ours_userspace", "httpuser", "fasthttp")
 CONTROL_VARIANTS = ("ours", "httpuser")
 TTFT_P99_TARGET_MS = 2.0
 EVENTS_RATIO_TARGET = 2.0
-READY_TIMEOUT_S = 30.0
 
 
-def _parse(argv: Sequence[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="kvgate bench client", description=__doc__)
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
+def _options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--streams", type=int, default=200, help="concurrent streams")
     parser.add_argument("--warmup-s", type=float, default=3.0)
     parser.add_argument("--measure-s", type=float, default=8.0)
@@ -49,45 +55,24 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument(
         "--no-control",
         action="store_true",
-        help="skip the control run (ours and httpuser against workloads.bench_server, which "
-        "stamps each chunk as it writes it, so TTFT error is the client's own)",
+        help="skip the control run (ours and httpuser against client_control.py's server, "
+        "which stamps each chunk as it writes it, so TTFT error is the client's own)",
     )
-    return parser.parse_args(argv)
 
 
-def _start(module: str, args: list[str], ready: Path) -> tuple[subprocess.Popen[bytes], str]:
-    """Starts `python -m module ARGS --ready-file READY` and returns it with its URL."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", module, *args, "--ready-file", str(ready)],
-        cwd=REPO,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    while not ready.exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            _stop(proc)
-            err = proc.stderr.read().decode() if proc.stderr else ""
-            raise RuntimeError(f"{module} did not start: {err[-1500:]}")
-        time.sleep(0.05)
-    return proc, str(json.loads(ready.read_text())["url"])
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=5)
+def _start(
+    module: str, args: list[str], state: Path, name: str
+) -> tuple[subprocess.Popen[bytes], str]:
+    """Starts `python -m module ARGS` with its files under STATE; the process and its URL."""
+    proc, ready = start_process(module, args, state / f"{name}.json", state / f"{name}.log")
+    return proc, str(ready["url"])
 
 
 def _run_variant(variant: str, url: str, args: argparse.Namespace) -> dict[str, Any]:
     cmd = [
         sys.executable,
         "-m",
-        "workloads.bench_worker",
+        "harness.bench.client_worker",
         f"--variant={variant}",
         f"--url={url}",
         f"--streams={args.streams}",
@@ -97,10 +82,15 @@ def _run_variant(variant: str, url: str, args: argparse.Namespace) -> dict[str, 
     ]
     budget = args.warmup_s + args.measure_s + 60
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    done = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, timeout=budget, check=False)
+    try:
+        done = subprocess.run(
+            cmd, cwd=REPO, env=env, capture_output=True, timeout=budget, check=False
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise BenchError(f"{variant} worker did not finish within {budget:g} s") from exc
     lines = done.stdout.decode().strip().splitlines()
     if done.returncode != 0 or not lines:
-        raise RuntimeError(f"{variant} worker failed: {done.stderr.decode()[-1500:]}")
+        raise BenchError(f"{variant} worker failed: {done.stderr.decode()[-1500:]}")
     result: dict[str, Any] = json.loads(lines[-1])
     return result
 
@@ -123,36 +113,31 @@ def _summary(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = _parse(list(argv if argv is not None else sys.argv[1:]))
+def measure(args: argparse.Namespace) -> dict[str, Any]:
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     unknown = sorted(set(variants) - set(VARIANTS))
     if unknown or not variants:
-        sys.stderr.write(
-            f"kvgate bench client: unknown --variants {unknown}; choose from {list(VARIANTS)}\n"
-        )
-        return 2
+        raise BenchUsageError(f"unknown --variants {unknown}; choose from {list(VARIANTS)}")
     started = time.monotonic()
     procs: list[subprocess.Popen[bytes]] = []
     control: dict[str, dict[str, Any]] = {}
-    with tempfile.TemporaryDirectory(prefix="kvgate-bench-client-") as state:
+    with tempfile.TemporaryDirectory(prefix="kvgate-bench-client-") as tmp:
+        state = Path(tmp)
         try:
             url = args.url
             if url is None:
-                replica_args = ["--port", "0", "--state-dir", state]
-                proc, url = _start("server.replica", replica_args, Path(state) / "replica.json")
+                proc, url = _start(
+                    "server.replica", ["--port", "0", "--state-dir", tmp], state, "replica"
+                )
                 procs.append(proc)
             results = {v: _run_variant(v, url, args) for v in variants}
             if not args.no_control:
-                proc, control_url = _start("workloads.bench_server", [], Path(state) / "c.json")
+                proc, control_url = _start("harness.bench.client_control", [], state, "c")
                 procs.append(proc)
                 control = {v: _run_variant(v, control_url, args) for v in CONTROL_VARIANTS}
-        except (RuntimeError, subprocess.TimeoutExpired) as exc:
-            sys.stderr.write(f"kvgate bench client: {exc}\n")
-            return 1
         finally:
             for proc in procs:
-                _stop(proc)
+                stop_process(proc)
     summary = _summary(results)
     for variant, r in control.items():
         for key in ("ttft_err_ms_p50", "ttft_err_ms_p99", "events_per_cpu_s"):
@@ -160,14 +145,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     summary.update(streams=args.streams, max_tokens=args.max_tokens, measure_s=args.measure_s)
     summary["wall_s"] = round(time.monotonic() - started, 1)
     summary["detail"] = {**results, **{f"control_{v}": r for v, r in control.items()}}
-    if args.json:
-        print(json.dumps(summary))
-    else:
-        _print_table(summary, {**results, **{f"control_{v}": r for v, r in control.items()}})
-    return 0
+    return summary
 
 
-def _print_table(summary: dict[str, Any], results: dict[str, dict[str, Any]]) -> None:
+def _print_table(summary: dict[str, Any]) -> None:
+    results: dict[str, dict[str, Any]] = summary["detail"]
     print(
         f"{'variant':16} {'ttft err p50 ms':>16} {'p99 ms':>9} {'events/CPU-s':>13} {'requests':>9}"
     )
@@ -192,5 +174,8 @@ def _print_table(summary: dict[str, Any], results: dict[str, dict[str, Any]]) ->
     )
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+BENCH = Bench("kvgate bench client", __doc__ or "", _options, measure, show=_print_table)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run(BENCH, argv)

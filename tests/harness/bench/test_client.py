@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from workloads.bench import main
+from harness.bench.client import main
 
 pytestmark = pytest.mark.e2e
 

@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import argparse
 import http.client
-import json
 import statistics
-import sys
 import threading
 import time
 from collections import Counter
@@ -27,6 +25,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from gates.stats import percentile
+from harness.bench.base import Bench, BenchError, BenchUsageError, run
 from harness.netproxy.client import ProxyClient, start_proxy
 
 LATENCY_TARGET_MS = 5.0
@@ -83,7 +82,7 @@ def _get(conn: http.client.HTTPConnection, path: str) -> bytes:
     resp = conn.getresponse()
     body = resp.read()
     if resp.status != 200:
-        raise RuntimeError(f"GET {path}: {resp.status}")
+        raise BenchError(f"GET {path}: {resp.status}")
     return body
 
 
@@ -217,29 +216,24 @@ def measure_bandwidth(
     }
 
 
-def _parse(argv: Sequence[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="kvgate bench proxy", description=__doc__)
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
+def _options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--round-trips", type=int, default=50, help="per requested latency")
     parser.add_argument("--latencies", default="0,20,50,100", help="requested latencies, ms")
     parser.add_argument("--resets", type=int, default=20, help="requests under reset_peer")
     parser.add_argument("--rates", default="100,1000,10000", help="bandwidth caps, KB/s")
     parser.add_argument("--bandwidth-s", type=float, default=1.0, help="seconds per download")
-    args = parser.parse_args(argv)
-    if args.round_trips < 2 or args.resets < 1 or args.bandwidth_s <= 0:
-        parser.error("--round-trips must be >= 2, --resets >= 1 and --bandwidth-s > 0")
-    return args
 
 
 def _numbers(text: str) -> list[float]:
     return [float(part) for part in text.split(",") if part.strip()]
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = _parse(sys.argv[1:] if argv is None else argv)
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    if args.round_trips < 2 or args.resets < 1 or args.bandwidth_s <= 0:
+        raise BenchUsageError("--round-trips must be >= 2, --resets >= 1 and --bandwidth-s > 0")
     with _http_server() as direct, start_proxy(direct) as proxy:
         client = proxy.client
-        result = {
+        return {
             "latency": measure_latency(
                 direct, proxy.listen, client, _numbers(args.latencies), args.round_trips
             ),
@@ -248,11 +242,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                 proxy.listen, client, _numbers(args.rates), args.bandwidth_s
             ),
         }
-    if args.json:
-        print(json.dumps(result))
-    else:
-        _print_table(result)
-    return 0
 
 
 def _print_table(result: dict[str, Any]) -> None:
@@ -293,5 +282,8 @@ def _met(section: dict[str, Any]) -> str:
     return "met" if section["target_met"] else "NOT met"
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
+BENCH = Bench("kvgate bench proxy", __doc__ or "", _options, measure, show=_print_table)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run(BENCH, argv)

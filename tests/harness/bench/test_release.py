@@ -16,8 +16,8 @@ pytestmark = pytest.mark.e2e
 
 @pytest.mark.timeout(180)
 def test_bench_release_reports_storm_and_kill_figures() -> None:
-    argv = [sys.executable, "-m", "server.bench", "--release", "--json", "--cancels", "20"]
-    argv += ["--wave", "10"]
+    argv = [sys.executable, "-m", "harness.cli", "bench", "server", "--release", "--json"]
+    argv += ["--cancels", "20", "--wave", "10"]
     out = subprocess.run(argv, cwd=ROOT, capture_output=True, timeout=170, check=True)
     result = json.loads(out.stdout)
     storm, kill = result["disconnect_storm"], result["replica_kill"]
