@@ -204,7 +204,7 @@ class FaultEffect(StrEnum):
         return self in (FaultEffect.BREAKS_CONNECTIONS, FaultEffect.DEGRADES_NETWORK)
 
 
-# A `network` fault's toxics (harness/netproxy.py, toxiproxy's semantics) and the attributes
+# A `network` fault's toxics (harness/netproxy/proxy.py, toxiproxy's semantics) and the attributes
 # each takes.
 TOXIC_ATTRIBUTES: Final = MappingProxyType(
     {

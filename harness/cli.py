@@ -1,7 +1,7 @@
 """The `kvgate` command: one entry point that hands each subcommand to the stage that owns it.
 
 The system under test (`server`) is only ever started as its own process, so `serve` and
-the server benchmarks replace this process with `python -m ...` instead of importing it.
+the scheduler's benchmark replace this process with `python -m ...` instead of importing it.
 """
 
 from __future__ import annotations
@@ -36,21 +36,22 @@ IN_PROCESS = {
     "report": "reports.cli:main",
     "compare": "reports.compare_cmd:main",
     "capacity": "reports.capacity_cmd:main",
-    "qualify": "harness.qualify:main",
+    "qualify": "harness.qualify.cli:main",
 }
 # Subcommands that become their own process (the server side never shares a process with us).
 AS_PROCESS = {
     "serve": "server.serve",
 }
+# The benchmarks (harness/bench/), and the scheduler's, which imports the server's code.
 BENCHES_IN_PROCESS = {
-    "client": "workloads.bench:main",
-    "analysis": "reports.bench:main",
-    "proxy": "harness.netproxy_bench:main",
-    "verdicts": "harness.repeat:main",
+    "server": "harness.bench.server:main",
+    "client": "harness.bench.client:main",
+    "analysis": "harness.bench.analysis:main",
+    "proxy": "harness.bench.proxy:main",
+    "verdicts": "harness.bench.verdicts:main",
 }
 BENCHES_AS_PROCESS = {
     "scheduler": "server.scheduler.bench",
-    "server": "server.bench",
 }
 
 EXIT_USAGE = 2

@@ -32,17 +32,17 @@ from harness.faults.admin import ReplicaAdmin
 from harness.faults.base import ReplicaAdminAPI
 from harness.faults.proxy import ProxyInPath, start_proxy_in_path
 from harness.faults.scheduler import FaultScheduler
+from harness.live.console import Progress
+from harness.live.watch import RunWatch
+from harness.live.web import LiveState, start_web_ui
 from harness.loadgen import Distribution, LoadGenerator
 from harness.plan import ExternalTarget, Plan, VllmTarget
-from harness.progress import Progress
 from harness.release_probe import ProbeSpec, prompt_tokens_for, run_probes
 from harness.samplers.nvml import describe_gpus, load_pynvml
 from harness.samplers.process import SamplerConfig
 from harness.sink import RecordSink
 from harness.target import Deployment, ManagedVllmDeployment, RunningTarget, make_deployment
 from harness.traffic import build_shape, build_user_classes, target_profile
-from harness.watch import RunWatch
-from harness.webui import LiveState, blueprint, require_token
 from workloads.prompts import generator_for
 from workloads.shapes import StepRampShape
 
@@ -240,7 +240,7 @@ class Orchestrator:
                 own_pids=self._helper_pids,
             )
         if self.web is not None:
-            self._start_web(*self.web)
+            self._start_web(self.web)
         self.progress = Progress(
             self.console,
             self.sink,
@@ -251,27 +251,17 @@ class Orchestrator:
         )
         self.progress.start()
 
-    def _start_web(self, host: str, port: int, token: str | None) -> None:
-        """Locust's web UI with the kvgate page (harness/webui.py)."""
+    def _start_web(self, web: tuple[str, int, str | None]) -> None:
+        """Locust's web UI with the kvgate page (harness/live/web.py)."""
         assert self.loadgen is not None
         config = (self.target_meta.get("config") or {}) if self.target_meta else {}
         marks = ("admission_watermark", "hard_watermark")
         watermarks = {k: float(config[k]) for k in marks if isinstance(config.get(k), int | float)}
         self.live = LiveState(self.run_dir, self.sink, watermarks)
         self.live.fault_kinds = self.faults.kinds if self.faults else []
-        # Locust's UI re-parses sys.argv with its own parser when it renders its page; ours
-        # (kvgate run PLAN --web ...) would read as ambiguous Locust options, so it sees none.
-        sys.argv = sys.argv[:1]
-        self.web_ui = self.loadgen.env.create_web_ui(host=host, port=port)
-        if token:
-            self.web_ui.app.before_request(require_token(token))
-        self.web_ui.app.register_blueprint(
-            blueprint(self.live, self._stop_from_web, self._inject_from_web, token)
+        self.web_ui, shown = start_web_ui(
+            self.loadgen.env, self.live, self._stop_from_web, self._inject_from_web, web
         )
-        gevent.sleep(0.2)  # Locust binds its server in a greenlet: let it, to learn the port
-        bound = getattr(getattr(self.web_ui, "server", None), "server_port", port)
-        shown = f"http://{host}:{bound}/kvgate"
-        shown += f"?token={token}" if token else ""
         self.console.print(f"kvgate: live page at {shown} (Locust's UI at /)", highlight=False)
 
     def _stop_from_web(self) -> None:

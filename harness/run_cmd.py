@@ -159,11 +159,11 @@ def _run(plan: Plan, args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from gates.spec import GateSpecError, load_gate_file
+    from harness.live.web import WebError, parse_bind
     from harness.loadgen import Distribution
     from harness.orchestrator import Orchestrator
     from harness.preflight import PreflightError, check_external
     from harness.traffic import TrafficError, build_shape, build_user_classes
-    from harness.webui import WebError, parse_bind
 
     console = Console(stderr=True)
     try:

@@ -88,7 +88,7 @@ class ReplicaAdminAPI(Protocol):
 
 
 class ToxicClient(Protocol):
-    """The control API of kvgate's proxy (harness.netproxy_client.ProxyClient), as the
+    """The control API of kvgate's proxy (harness.netproxy.client.ProxyClient), as the
     `network` kind uses it."""
 
     def add_toxic(

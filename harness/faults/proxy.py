@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 from harness.faults.base import FaultError, ToxicClient
 
 if TYPE_CHECKING:
-    from harness.netproxy_client import ProxyProcess
+    from harness.netproxy.client import ProxyProcess
     from harness.plan import Plan
 
 
@@ -66,7 +66,7 @@ def start_proxy_in_path(
             "on loopback only); drop --master-bind, or the plan's network faults"
         )
     # imported here: only plans with a network fault run the proxy (aiohttp and all)
-    from harness.netproxy_client import ProxyClient, start_proxy
+    from harness.netproxy.client import ProxyClient, start_proxy
 
     parts = urlsplit(base_url)
     if parts.scheme != "http" or parts.hostname is None:

@@ -24,7 +24,7 @@ import pytest
 from pydantic import TypeAdapter
 
 import contract
-import harness.netproxy_client
+import harness.netproxy.client
 from contract import FaultEffect
 from gates import schema
 from gates.rundir import load_run, read_jsonl
@@ -138,7 +138,7 @@ def test_each_kind_declares_what_it_does(entry: dict[str, Any], effect: FaultEff
 
 
 def test_the_toxics_the_plan_accepts_are_the_proxys() -> None:
-    from harness.netproxy_toxics import TOXIC_TYPES
+    from harness.netproxy.toxics import TOXIC_TYPES
 
     for name, attributes in contract.TOXIC_ATTRIBUTES.items():
         assert set(TOXIC_TYPES[name].ATTRIBUTES) == set(attributes)
@@ -326,7 +326,7 @@ def test_every_fault_fires_before_the_end_of_the_load(tmp_path: Path) -> None:
 
 
 class FakeProxy:
-    """Stands in for harness.netproxy_client.ProxyClient; can be told to fail."""
+    """Stands in for harness.netproxy.client.ProxyClient; can be told to fail."""
 
     def __init__(self, fail_add: bool = False, fail_remove: bool = False) -> None:
         self.toxics: dict[str, dict[str, Any]] = {}
@@ -748,9 +748,9 @@ def test_a_reset_toxic_through_the_real_proxy(
     tmp_path: Path, upstream: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The proxy is up in a second; on a busy machine it has taken 15 s, past the default 10.
-    start_proxy = harness.netproxy_client.start_proxy
+    start_proxy = harness.netproxy.client.start_proxy
     monkeypatch.setattr(
-        harness.netproxy_client, "start_proxy", functools.partial(start_proxy, ready_timeout_s=60)
+        harness.netproxy.client, "start_proxy", functools.partial(start_proxy, ready_timeout_s=60)
     )
     net = plan_with(
         tmp_path, "  - {kind: network, at_s: 5, duration_s: 1, toxic: {type: timeout}}\n"

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 import contract
-from harness.qualify import main as qualify_main
+from harness.qualify.cli import main as qualify_main
 from tests.harness.test_run_e2e import ROOT
 
 QUICK = ROOT / "harness" / "plans" / "qualify-quick.yaml"

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from gates import schema
 from gates.rundir import read_jsonl
-from harness.progress import PoolTail
+from harness.live.console import PoolTail
 from harness.rundir import TableWriter
 from harness.sink import RecordSink
 

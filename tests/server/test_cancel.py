@@ -2,7 +2,7 @@
 gateway, and each request is cancelled and then released, by the replica that held it.
 
 How fast the release follows the disconnect is a figure of `kvgate bench server --release`
-(server/bench_release.py, which owns this storm); a test on a shared machine cannot tell a
+(harness/bench/release.py, which owns this storm); a test on a shared machine cannot tell a
 slow release from a busy neighbour, so here only what happens, and in what order, is checked.
 """
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from server.bench_release import disconnect_storm, releases
+from harness.bench.release import disconnect_storm, releases
 from tests.server.procs import TEST_TENANTS, start_deployment
 
 pytestmark = pytest.mark.e2e

@@ -1,7 +1,7 @@
 """SIGKILL a replica while 50 streams (and 10 batch requests) run: the gateway drops its
 reservations, replays the replayable requests elsewhere exactly once, ends started streams
 with an error event, and no request ever holds blocks on two replicas. The scenario is
-server/bench_release.py's, which also measures how soon the ledger settles."""
+harness/bench/release.py's, which also measures how soon the ledger settles."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from server.bench_release import kill_during_streams
+from harness.bench.release import kill_during_streams
 from tests.server.procs import Proc, events, key, start_deployment
 
 pytestmark = pytest.mark.e2e

@@ -16,7 +16,7 @@ import requests
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from server.bench_hostile import Case, build, chat, corpus, exchange, problem
+from harness.bench.hostile import Case, build, chat, corpus, exchange, problem
 from tests.server.procs import Proc, key, start_replica
 
 pytestmark = pytest.mark.e2e
