@@ -37,23 +37,13 @@ from contract.seed import SEED
 
 # -- what a request is --------------------------------------------------------------------
 
-# A request record's `traffic_class` (the run directory's value).
+# The values a request record's `traffic_class` may take: what a run directory holds, so
+# that readers (a gate file's filters, the reports) know them without importing Locust, and
+# a run made before a class was retired still reads. The classes themselves are not listed
+# here: each is a user class of workloads/users/ that registers itself, and says which of
+# these its records carry; tests/workloads/test_registry.py keeps the two equal.
 TRAFFIC_CLASSES: Final = (
     "short_qa",
-    "long_context",
-    "long_output",
-    "shared_prefix",
-    "multi_turn",
-    "cancel_storm",
-    "tenant_burst",
-    "batch",
-    "security_probe",
-)
-# The Locust user classes a plan mixes: the traffic classes, with short Q&A split by
-# priority (both of those record `short_qa`).
-USER_CLASSES: Final = (
-    "short_qa_critical",
-    "short_qa_interactive",
     "long_context",
     "long_output",
     "shared_prefix",

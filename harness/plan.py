@@ -8,8 +8,9 @@ bad value and what is allowed, so a person can fix the file without reading this
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import yaml
 from pydantic import (
@@ -20,11 +21,15 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic_core import InitErrorDetails
 
 import contract
 from contract import servers
 from harness.faults.base import FaultSpec
 from harness.faults.registry import FAULT_MODELS, Fault
+
+if TYPE_CHECKING:
+    from workloads.users import KvgateUser
 
 SHAPES = ("constant", "step_ramp", "soak", "peak_trough")
 
@@ -185,16 +190,38 @@ TARGET_MODELS: dict[str, type[_Strict]] = {
 }
 
 
+def traffic_classes() -> Mapping[str, type[KvgateUser]]:
+    """The registered traffic classes (workloads/users/): what a plan's classes name.
+
+    Imported on first use, not with this module. The classes are Locust users, and
+    importing Locust patches the process for gevent: validating a plan's traffic does that,
+    since the registry is the one list of classes, and `kvgate run` and `kvgate qualify`
+    validate their plans before they open anything. A process that reads only a target's or
+    a fault's model (a vLLM deployment) stays unpatched."""
+    from workloads.users import USER_CLASSES
+
+    return USER_CLASSES
+
+
 class TrafficClass(_Strict):
     """One Locust user class of the mix: its weight (or fixed count) and attribute overrides.
 
-    The plan key names a workloads class, or anything when `base` names the class (so one
-    class can appear twice, e.g. long_context for two tenants)."""
+    The plan key names a registered traffic class, or anything when `base` names the class
+    (so one class can appear twice, e.g. long_context for two tenants). `attributes` are
+    checked against that class's attribute model (workloads/users/registry.py)."""
 
-    base: Literal[contract.USER_CLASSES] | None = None
+    base: str | None = None
     weight: int = Field(1, ge=0)
     fixed_count: int | None = Field(None, ge=0)
     attributes: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("base")
+    @classmethod
+    def _registered(cls, base: str | None) -> str | None:
+        known = traffic_classes()
+        if base is not None and base not in known:
+            raise ValueError(f"{base!r} is not a traffic class; one of {', '.join(known)}")
+        return base
 
 
 class Traffic(_Strict):
@@ -207,14 +234,24 @@ class Traffic(_Strict):
 
     @model_validator(mode="after")
     def _known_classes(self) -> Traffic:
+        """Each class names a registered traffic class, and its attributes fit that class's
+        attribute model: each attribute's problem is an error at its own YAML path."""
+        from workloads.users.registry import NAME_PATTERN, attribute_errors  # see traffic_classes
+
+        known = traffic_classes()
+        errors: list[InitErrorDetails] = []
         for name, spec in self.classes.items():
-            if spec.base is None and name not in contract.USER_CLASSES:
+            if spec.base is None and name not in known:
                 raise ValueError(
-                    f"traffic class {name!r} is not one of {', '.join(contract.USER_CLASSES)}; "
+                    f"traffic class {name!r} is not one of {', '.join(known)}; "
                     f"use one of those names, or give it `base: <one of them>`"
                 )
-            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+            if not re.fullmatch(NAME_PATTERN, name):
                 raise ValueError(f"traffic class name {name!r}: use letters, digits and _")
+            where = ("classes", name, "attributes")
+            errors += attribute_errors(known[spec.base or name], spec.attributes, where)
+        if errors:
+            raise ValidationError.from_exception_data(type(self).__name__, errors)
         return self
 
 

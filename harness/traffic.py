@@ -1,9 +1,11 @@
 """The traffic mix of a plan as Locust classes: user classes with overrides, and the load shape.
 
-Every plan class becomes a subclass of the workloads' user class, named after the plan key
-(Locust's master and workers match classes by name, so both sides build the same names).
-Overrides are plain class attributes; the workloads' classes are configured that way. Every
-class also gets the target's request dialect: which extensions go out, and how.
+Every plan class becomes a subclass of the registered traffic class it names (its plan key,
+or its `base`), named after the plan key (Locust's master and workers match classes by
+name, so both sides build the same names). Overrides are class attributes, validated and
+converted by the class's attribute model (workloads/users/registry.py), the one the plan
+was validated with. Every class also gets the target's request dialect: which extensions go
+out, and how.
 """
 
 from __future__ import annotations
@@ -12,12 +14,13 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from locust import LoadTestShape, User, between, constant
+from locust import LoadTestShape, User
 
 import contract
 from contract import servers
 from harness.plan import ExternalTarget, Plan, ReferenceTarget
 from workloads.dialect import Dialect
+from workloads.users import USER_CLASSES, registry
 
 log = logging.getLogger(__name__)
 PROMPT_SIZES = ("prompt_tokens", "prefix_tokens")  # what traffic.prompt_scale multiplies
@@ -30,13 +33,8 @@ ASKED_EXTENSIONS = (
 
 
 class TrafficError(ValueError):
-    """The plan's traffic does not fit the workloads package (unknown attribute, class)."""
-
-
-def workload_classes() -> dict[str, type[User]]:
-    from workloads.users import USER_CLASSES
-
-    return dict(USER_CLASSES)
+    """The plan's traffic cannot run: a priority no stage knows, a shape attribute the shape
+    lacks, no class with users (the plan's validation checked class names and attributes)."""
 
 
 def workload_shapes() -> dict[str, type[LoadTestShape]]:
@@ -59,21 +57,6 @@ def _check_attributes(name: str, base: type, overrides: Mapping[str, Any], where
         )
 
 
-def _attribute(key: str, value: Any, where: str) -> Any:
-    """YAML cannot hold a function: `wait_time: 2` is constant(2), `[a, b]` is between(a, b)."""
-    if key != "wait_time":
-        return value
-    if isinstance(value, int | float):
-        return constant(value)
-    if (
-        isinstance(value, list)
-        and len(value) == 2
-        and all(isinstance(v, int | float) for v in value)
-    ):
-        return between(value[0], value[1])
-    raise TrafficError(f"{where}.wait_time: give seconds (2) or a range ([0.5, 2]), got {value!r}")
-
-
 def target_profile(plan: Plan) -> servers.ServerProfile:
     target = plan.target
     return target.profile if isinstance(target, ExternalTarget) else servers.profile("reference")
@@ -87,46 +70,31 @@ def target_dialect(plan: Plan) -> Dialect:
     return Dialect.for_profile(target_profile(plan), sends)
 
 
-def build_user_classes(
-    plan: Plan, host: str, available: Mapping[str, type[User]] | None = None
-) -> list[type[User]]:
+def build_user_classes(plan: Plan, host: str) -> list[type[User]]:
     """One subclass per plan class, with host, weight/fixed_count, attribute overrides and
-    the target's dialect."""
-    available = workload_classes() if available is None else available
+    the target's dialect. The plan's validation checked each class's name and attributes
+    against the registry; the same attribute model converts them here."""
     dialect, profile = target_dialect(plan), target_profile(plan)
     built: list[type[User]] = []
     for name, spec in plan.traffic.classes.items():
-        base_name = spec.base or name
-        if base_name not in available:
-            raise TrafficError(
-                f"traffic.classes.{name}: the workloads package has no user class "
-                f"{base_name!r}; it has {', '.join(sorted(available))}"
-            )
-        base = available[base_name]
-        where = f"traffic.classes.{name}.attributes"
-        _check_attributes(name, base, spec.attributes, where)
-        if "dialect" in spec.attributes:
-            raise TrafficError(
-                f"{where}.dialect: the target decides what requests carry "
-                "(target.kind, target.extensions), not a class"
-            )
-        attrs: dict[str, Any] = {k: _attribute(k, v, where) for k, v in spec.attributes.items()}
+        base = USER_CLASSES[spec.base or name]
+        attrs = registry.configure(base, spec.attributes)
         attrs.update(host=host, weight=spec.weight, abstract=False, dialect=dialect)
         if plan.traffic.prompt_scale != 1.0:
             for size in PROMPT_SIZES:
                 if hasattr(base, size):
                     value = attrs.get(size, getattr(base, size))
                     attrs[size] = max(1, round(value * plan.traffic.prompt_scale))
-        if "seed" not in spec.attributes and hasattr(base, "seed"):
+        if "seed" not in spec.attributes:
             attrs["seed"] = plan.seed
-        if isinstance(plan.target, ReferenceTarget) and hasattr(base, "model"):
+        if isinstance(plan.target, ReferenceTarget):
             attrs.setdefault("model", plan.target.model)
         if spec.fixed_count is not None:
             attrs["fixed_count"] = spec.fixed_count
         if isinstance(plan.target, ExternalTarget):
             if plan.target.api_key and "api_key" not in spec.attributes:
                 attrs["api_key"] = plan.target.api_key
-            if plan.target.model and "model" not in spec.attributes and hasattr(base, "model"):
+            if plan.target.model and "model" not in spec.attributes:
                 attrs["model"] = plan.target.model
         if spec.weight == 0 and not spec.fixed_count:
             continue  # Locust drops weight-0 classes anyway; say so by not building it

@@ -58,6 +58,43 @@ def test_unknown_traffic_class_names_the_known_ones(tmp_path: Path) -> None:
     assert load_plan(write(tmp_path, renamed)).traffic.classes["qa_sys"].base == "short_qa_critical"
 
 
+def test_a_base_must_be_a_registered_traffic_class(tmp_path: Path) -> None:
+    bad = GOOD.replace("short_qa_critical: {weight: 1}", "qa: {base: short_qa}")
+    with pytest.raises(PlanError) as err:
+        load_plan(write(tmp_path, bad))
+    assert (
+        "traffic.classes.qa.base: 'short_qa' is not a traffic class; one of short_qa_critical, "
+        "short_qa_interactive, long_context"
+    ) in str(err.value)
+
+
+def test_class_attributes_are_checked_against_the_class_when_the_plan_loads(
+    tmp_path: Path,
+) -> None:
+    bad = GOOD.replace(
+        "short_qa_critical: {weight: 1}",
+        "short_qa_critical: {attributes: {max_tokens: many, phases: peak, align_s: 2}}\n"
+        "    probe: {base: security_probe, attributes: {escalations: [[k, kn, t]], align_s: 2}}",
+    )
+    with pytest.raises(PlanError) as err:
+        load_plan(write(tmp_path, bad))
+    lines = str(err.value).splitlines()
+    where = "  traffic.classes.short_qa_critical.attributes"
+    assert len(lines) == 5 and lines[1:4] == [
+        f"{where}.max_tokens: Input should be a valid integer (the attribute is int | None) "
+        "(got 'many')",
+        f"{where}.phases: Input should be a valid array (the attribute is tuple[str, ...]) "
+        "(got 'peak')",
+        "  traffic.classes.probe.attributes.escalations.0.3: Field required (the attribute is "
+        "tuple[tuple[str, str, str, str], ...]) (got ['k', 'kn', 't'])",
+    ]
+    assert lines[4].startswith(
+        "  traffic.classes.probe.attributes.align_s: security_probe has no such attribute; "
+        "known: api_key, api_key_name, "
+    )
+    assert "hold_warm_tokens" in lines[4] and "align_delay_s" not in lines[4]
+
+
 def test_fault_on_a_replica_the_target_lacks_is_named(tmp_path: Path) -> None:
     with pytest.raises(PlanError, match=r"replica 'r1'; this target has \['r0'\]"):
         load_plan(write(tmp_path, GOOD), ["target.replicas=1"])

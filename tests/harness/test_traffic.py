@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.plan import load_plan, plan_from_dict
+from harness.plan import PlanError, load_plan, plan_from_dict
 from harness.traffic import TrafficError, build_shape, build_user_classes
 
 PLANS = Path(__file__).resolve().parents[2] / "harness" / "plans"
@@ -31,11 +31,12 @@ def test_overrides_host_seed_and_wait_time_reach_the_classes() -> None:
 
 
 def test_unknown_attribute_lists_the_known_ones() -> None:
-    plan = plan_with({"batch": {"attributes": {"max_tokenz": 3}}})
     with pytest.raises(
-        TrafficError, match=r"batch has no attribute\(s\) max_tokenz; known .*max_tokens"
+        PlanError,
+        match=r"traffic\.classes\.batch\.attributes\.max_tokenz: batch has no such attribute; "
+        r"known: .*max_tokens",
     ):
-        build_user_classes(plan, "http://x")  # type: ignore[arg-type]
+        plan_with({"batch": {"attributes": {"max_tokenz": 3}}})
 
 
 def test_shapes_get_their_attributes_and_reject_unknown_ones() -> None:

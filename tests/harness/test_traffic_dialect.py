@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from harness.plan import Plan, plan_from_dict
+from harness.plan import Plan, PlanError, plan_from_dict
 from harness.traffic import TrafficError, build_user_classes, target_dialect
 from workloads.dialect import Dialect
 
@@ -105,9 +105,8 @@ def test_nothing_is_said_where_the_target_takes_everything_asked(
 
 
 def test_a_class_cannot_set_its_own_dialect() -> None:
-    p = plan({"type": "reference"}, {"batch": {"attributes": {"dialect": {}}}})
-    with pytest.raises(TrafficError, match=r"batch\.attributes\.dialect: the target decides"):
-        build_user_classes(p, URL)
+    with pytest.raises(PlanError, match=r"batch\.attributes\.dialect: the target decides"):
+        plan({"type": "reference"}, {"batch": {"attributes": {"dialect": {}}}})
 
 
 @pytest.mark.parametrize(

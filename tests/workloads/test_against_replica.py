@@ -97,7 +97,7 @@ def test_cancel_at_token_k_stops_and_releases_the_server_request(replica: str) -
 
 
 def test_prompts_hit_their_target_token_counts(replica: str) -> None:
-    generator = generator_for(USER_CLASSES["long_context"].tokenizer_path)  # type: ignore[attr-defined]
+    generator = generator_for(USER_CLASSES["long_context"].tokenizer_path)
     assert generator.exact
     for n in (1, 9, 777, 32_000):
         assert generator.count(generator.unique_text(n, seed=3, nonce=n)) == n

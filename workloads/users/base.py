@@ -1,7 +1,8 @@
 """`KvgateUser`: the Locust user every traffic class derives from.
 
-A traffic class is a subclass whose class attributes say what it sends (tenant, key,
-priority, sizes, timing, cancellation); the harness overrides any of them for a plan with
+A traffic class is a subclass that sets `name` (which registers it, workloads/users/registry.py)
+and whose class attributes say what it sends (tenant, key, priority, sizes, timing,
+cancellation); the harness overrides any annotated one for a plan with
 `type(name, (cls,), overrides)`, and sets `dialect`: how the target takes kvgate's request
 extensions. Requests go through the shared streaming client and leave as one record each
 through `environment.events.kvgate_record`.
@@ -31,6 +32,7 @@ from workloads.client import StreamClient, StreamRequest, StreamResult
 from workloads.dialect import Dialect
 from workloads.prompts import DEFAULT_TOKENIZER_PATH, PromptGenerator, generator_for
 from workloads.records import RequestMeta, emit, install_record_hook
+from workloads.users import registry
 
 _instances = itertools.count()
 # Young-generation collections every 700 allocations (the default) cost a streaming load
@@ -79,8 +81,15 @@ class KvgateUser(User):
 
     abstract = True
 
+    # The plan's name for the class. Set in a class's own body, it registers the class (the
+    # registry's rules); a class a plan builds from it inherits it, and so says which
+    # registered class it was built from.
+    name: ClassVar[str | None] = None
+    # What its records carry (a value of contract.TRAFFIC_CLASSES); a named class sets it.
     traffic_class: ClassVar[str] = "short_qa"
-    label: ClassVar[str] = "kvgate"  # Locust row names: ttft:<label>, e2e:<label>
+    # Locust row names: ttft:<label>, e2e:<label>; a named class's is its name unless it
+    # sets its own.
+    label: ClassVar[str] = "kvgate"
     # Identity: plain attributes, as classes that spread users over tenants set them per user.
     api_key: str = "kvg-acme-key"
     api_key_name: str | None = "acme-demo"  # a name for the key, never the key
@@ -115,6 +124,11 @@ class KvgateUser(User):
     # phases (a distributed worker's), a class always sends.
     phases: ClassVar[tuple[str, ...]] = ()
     wait_time = between(0.1, 1.0)
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "name" in vars(cls):
+            registry.register(cls)
 
     def __init__(self, environment: Environment) -> None:
         super().__init__(environment)

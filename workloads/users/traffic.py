@@ -1,7 +1,9 @@
 """The traffic classes a shared KV-cache pool sees, one small user class each.
 
-Defaults use the demo tenants of `server/tenants.demo.yaml`; every attribute is a class
-attribute a plan may override. Sizes are in tokens of the reference tokenizer.
+Each class registers itself by its `name` (the plan's name for it) and says in
+`traffic_class` what its records carry. Defaults use the demo tenants of
+`server/tenants.demo.yaml`; every annotated class attribute is one a plan may override.
+Sizes are in tokens of the reference tokenizer.
 """
 
 from __future__ import annotations
@@ -35,8 +37,8 @@ class ShortQACritical(KvgateUser):
     With `align_s`, each question waits for `align_delay_s` past the next tick of that
     period: questions that arrive with a wave of other critical work (see TenantBurst)."""
 
+    name = "short_qa_critical"
     traffic_class = "short_qa"
-    label = "short_qa_critical"
     api_key, api_key_name, tenant, priority = "kvg-sys-key", "system-demo", "system", "critical"
     weight = 3
     prompt_tokens, max_tokens = 64, 64
@@ -54,7 +56,7 @@ class ShortQACritical(KvgateUser):
 class ShortQAInteractive(ShortQACritical):
     """Short questions from a customer tenant at interactive priority."""
 
-    label = "short_qa_interactive"
+    name = "short_qa_interactive"
     api_key, api_key_name, tenant, priority = "kvg-acme-key", "acme-demo", "acme", "interactive"
     weight = 10
 
@@ -62,8 +64,8 @@ class ShortQAInteractive(ShortQACritical):
 class LongContext(KvgateUser):
     """Long inputs (32K tokens by default) with short answers: prefill-heavy."""
 
+    name = "long_context"
     traffic_class = "long_context"
-    label = "long_context"
     api_key, api_key_name, tenant = "kvg-globex-key", "globex-demo", "globex"
     weight = 1
     # 32,000 + 256 stays inside the demo tenants' 32,768-token context limit.
@@ -81,8 +83,8 @@ class LongOutput(KvgateUser):
     `min_tokens` at max_tokens for a server that takes min_tokens but not ignore_eos. A plan
     that changes max_tokens moves min_tokens with it, unless it sets min_tokens as well."""
 
+    name = "long_output"
     traffic_class = "long_output"
-    label = "long_output"
     api_key, api_key_name, tenant = "kvg-initech-key", "initech-demo", "initech"
     weight = 1
     prompt_tokens, max_tokens = 256, 4096
@@ -106,8 +108,8 @@ class SharedPrefix(KvgateUser):
     `tenant_pool` (round robin), unless the plan gives the class its own `api_key`: then
     every user is that tenant."""
 
+    name = "shared_prefix"
     traffic_class = "shared_prefix"
-    label = "shared_prefix"
     weight = 4
     tenant_pool: ClassVar[tuple[tuple[str, str, str], ...]] = (
         ("kvg-acme-key", "acme-demo", "acme"),
@@ -154,8 +156,8 @@ class SharedPrefix(KvgateUser):
 class MultiTurn(KvgateUser):
     """Chat sessions of `turns` turns; each turn resends the whole conversation so far."""
 
+    name = "multi_turn"
     traffic_class = "multi_turn"
-    label = "multi_turn"
     weight = 2
     turns: ClassVar[int] = 4
     prompt_tokens, max_tokens = 128, 128  # per turn
@@ -183,8 +185,8 @@ class CancelStorm(KvgateUser):
     """Bursts of streams that the client abandons after `cancel_after_tokens` content chunks
     (or `cancel_after_ms`, whichever comes first): the server must release their blocks."""
 
+    name = "cancel_storm"
     traffic_class = "cancel_storm"
-    label = "cancel_storm"
     api_key, api_key_name, tenant = "kvg-initech-key", "initech-demo", "initech"
     weight = 1
     burst_size: ClassVar[int] = 16
@@ -205,8 +207,8 @@ class TenantBurst(KvgateUser):
     every user of every class aligned alike fires together — agents triggered by one event,
     jobs started by the same cron tick."""
 
+    name = "tenant_burst"
     traffic_class = "tenant_burst"
-    label = "tenant_burst"
     api_key, api_key_name, tenant = "kvg-globex-key", "globex-demo", "globex"
     weight = 1
     burst_size: ClassVar[int] = 48
@@ -227,8 +229,8 @@ class Batch(KvgateUser):
     A job runner submits `chunk_size` items at once and waits for the chunk to finish, so a
     few users keep many offline requests in flight, as real batch pipelines do."""
 
+    name = "batch"
     traffic_class = "batch"
-    label = "batch"
     api_key, api_key_name, tenant, priority = "kvg-batch-key", "batchco-demo", "batchco", "batch"
     weight = 3
     prompt_tokens, max_tokens = 512, 256
@@ -263,8 +265,8 @@ class SecurityProbe(KvgateUser):
     channel.
     """
 
+    name = "security_probe"
     traffic_class = "security_probe"
-    label = "security_probe"
     weight = 1
     # The nightly key may only send batch (server/tenants.demo.yaml).
     escalations: ClassVar[tuple[tuple[str, str, str, str], ...]] = (
