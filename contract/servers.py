@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from functools import cache
 from pathlib import Path
 from types import MappingProxyType
-from typing import Final
+from typing import Any, Final
 
 import yaml
 from pydantic import (
@@ -26,6 +26,7 @@ from pydantic import (
     StrictInt,
     ValidationError,
     field_validator,
+    model_validator,
 )
 
 from contract import PRIORITIES
@@ -46,6 +47,17 @@ DATA_KINDS: Final = MappingProxyType(
         "cached_tokens": "prefix-cache hits per request (usage.prompt_tokens_details)",
         "preemption_count": "how many requests the scheduler preempted",
     }
+)
+# Facts about the served model that kvgate reads from a server's info endpoints, and what
+# each is. A profile says where each one lives (`info_fields`), so a server that puts one
+# elsewhere needs a line in its profile, not code.
+INFO_FIELDS: Final = MappingProxyType(
+    {
+        "max_model_len": "the longest prompt plus output the server takes, in its tokens",
+    }
+)
+DEFAULT_INFO_FIELDS: Final = MappingProxyType(
+    {"max_model_len": "/v1/models#/data/*/max_model_len"}  # vLLM's, and SGLang's
 )
 # Request fields beyond the OpenAI API that a workload may send, when the profile says so.
 # Each is `true` or `false` in a profile, except `priority_field`: `false`, or the value each
@@ -85,6 +97,9 @@ class ServerProfile(BaseModel):
     sources: tuple[str, ...] = Field(min_length=1)  # where the names below come from
     health_path: str = "/health"
     info_paths: tuple[str, ...] = ("/v1/models",)
+    # Where each of INFO_FIELDS lives: `PATH#/json/pointer`, PATH one of info_paths, and `*`
+    # for every element of a list (the first that holds a value is used).
+    info_fields: Mapping[str, str] = Field(default_factory=lambda: dict(DEFAULT_INFO_FIELDS))
     metric_prefixes: tuple[str, ...] = ()  # metric families the sampler keeps
     metrics: MetricNames = MetricNames()
     extensions: Mapping[str, StrictBool | Mapping[str, StrictInt]] = Field(default_factory=dict)
@@ -101,6 +116,44 @@ class ServerProfile(BaseModel):
         if unknown:
             raise ValueError(f"lacks: unknown data kinds {unknown}; known: {', '.join(DATA_KINDS)}")
         return MappingProxyType(dict(value))
+
+    @field_validator("info_fields")
+    @classmethod
+    def _known_info_fields(cls, value: Mapping[str, str]) -> Mapping[str, str]:
+        unknown = sorted(set(value) - set(INFO_FIELDS))
+        if unknown:
+            raise ValueError(
+                f"info_fields: unknown facts {unknown}; known: {', '.join(INFO_FIELDS)}"
+            )
+        for name, where in value.items():
+            path, hash_, pointer = where.partition("#")
+            if not path.startswith("/") or not hash_ or not pointer.startswith("/"):
+                raise ValueError(
+                    f"info_fields.{name}: {where!r} is not PATH#/json/pointer "
+                    "(e.g. /v1/models#/data/*/max_model_len)"
+                )
+        return MappingProxyType(dict(value))
+
+    @model_validator(mode="after")
+    def _info_fields_on_info_paths(self) -> ServerProfile:
+        for name, where in self.info_fields.items():
+            path = where.partition("#")[0]
+            if path not in self.info_paths:
+                raise ValueError(
+                    f"info_fields.{name} reads {path}, which is not one of info_paths "
+                    f"({', '.join(self.info_paths)}): add it there"
+                )
+        return self
+
+    def info_value(self, name: str, server_info: Mapping[str, Any]) -> Any:
+        """The fact `name` (INFO_FIELDS) from what the info endpoints answered (path ->
+        JSON), where this kind of server keeps it; None when it is not there."""
+        where = self.info_fields.get(name)
+        if where is None:
+            return None
+        path, _, pointer = where.partition("#")
+        found = _pointed(server_info.get(path), pointer.split("/")[1:])
+        return next((v for v in found if v is not None), None)
 
     @field_validator("extensions")
     @classmethod
@@ -149,6 +202,28 @@ class ServerProfile(BaseModel):
     @property
     def source_file(self) -> str:
         return f"contract/profiles/{self.kind}.yaml"
+
+
+def _pointed(node: Any, steps: list[str]) -> list[Any]:
+    """The values at a JSON pointer's `steps` below `node`, `*` standing for every element of
+    a list (or value of an object)."""
+    if not steps:
+        return [node]
+    step, rest = steps[0], steps[1:]
+    if step == "*":
+        children = (
+            node
+            if isinstance(node, list)
+            else list(node.values())
+            if isinstance(node, dict)
+            else []
+        )
+        return [v for child in children for v in _pointed(child, rest)]
+    if isinstance(node, dict) and step in node:
+        return _pointed(node[step], rest)
+    if isinstance(node, list) and step.isdigit() and int(step) < len(node):
+        return _pointed(node[int(step)], rest)
+    return []
 
 
 def _priority_mapping(name: str, setting: bool | Mapping[str, int]) -> bool | Mapping[str, int]:

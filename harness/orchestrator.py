@@ -368,10 +368,11 @@ class Orchestrator:
         self.probe_rows = run_probes(spec, probe.count)
 
     def _max_model_len(self) -> int | None:
-        """The served model's context length, where /v1/models says it (vLLM does)."""
-        models = ((self.target_meta.get("server_info") or {}).get("/v1/models") or {}).get("data")
-        lengths = [m.get("max_model_len") for m in models or [] if isinstance(m, dict)]
-        return next((int(n) for n in lengths if isinstance(n, int) and n > 0), None)
+        """The served model's context length, where the target's profile says its info
+        endpoints give it (`info_fields`); None when they do not."""
+        info = self.target_meta.get("server_info") or {}
+        length = self.profile.info_value("max_model_len", info if isinstance(info, dict) else {})
+        return int(length) if isinstance(length, int) and length > 0 else None
 
     def _write_probe_rows(self) -> None:
         """The probe's rows join the samples table once the sampler process has stopped."""
