@@ -14,6 +14,7 @@ from pathlib import Path
 from server.engine.gpus import get_gpu, get_model_compute
 from server.engine.sim import GIB, CostModel, VirtualGpu
 from server.metrics import ReplicaMetrics
+from server.mutants import tenant_book_class
 from server.options import load_config, target_info
 from server.promptwork import PromptTokenizer
 from server.replica.events import EventLog
@@ -39,7 +40,7 @@ class ReplicaRuntime:
         self.model_name = self.config.model
         # A deployment carrying a named bug builds the mutant's subclass of each part it breaks.
         mutant = parse_mutant(args.mutant)
-        self.tenants = load_tenants(args.tenants, mutant)
+        self.tenants = load_tenants(args.tenants, tenant_book_class(mutant))
         self.tokenizer = TextTokenizer(args.tokenizer)
         self.prompts = PromptTokenizer(self.tokenizer)
         # Set by serve: this replica then takes only its gateway's requests. Unset, it is a

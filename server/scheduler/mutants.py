@@ -4,8 +4,9 @@ lives; the shipped classes carry no trace of them.
 `contract.Mutant` names every mutant and `contract.MUTANTS` holds each one's summary and the
 gates that must catch it. A mutant is switched on for a whole deployment (`kvgate serve
 --mutant NAME`) so `kvgate qualify` can prove each release gate catches the bug it exists
-for: the replica builds `scheduler_class(mutant)` instead of `Scheduler`. The replica's
-step loop has its own (server.replica.mutants).
+for: the replica builds `scheduler_class(mutant)` instead of `Scheduler`. The mutants of the
+replica's step loop, the gateway's relay and the tenant book live in the `mutants` module
+beside each of those.
 """
 
 from __future__ import annotations
@@ -134,7 +135,7 @@ class _ParkingSeed(SeedPolicy):
 
 class QueueInsteadOfRefuse(Scheduler):
     """Low-priority work waits in the queue with no deadline or bound, until the client gives
-    up, instead of being refused."""
+    up, instead of being refused (the gateway's half: server.gateway.mutants)."""
 
     policy_types = MappingProxyType({**POLICIES, SeedPolicy.name: _ParkingSeed})
 
