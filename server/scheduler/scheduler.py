@@ -212,9 +212,10 @@ class Scheduler:
         return self.queue.ahead(seq.priority) == 0
 
     def start_past_blocked_head(self, aside: list[Sequence]) -> list[str]:
-        """After a queued sequence was BLOCKED (the pool is full), what may still start
-        behind it; sequences taken off the queue and not started go to `aside`, which the
-        caller requeues. None: a blocked head holds back everything behind it."""
+        """After a queued sequence was BLOCKED (the pool is full), start what may still
+        start behind it and return their ids; sequences taken off the queue and not started
+        go to `aside`, which the caller requeues. The shipped rule starts nothing: a blocked
+        head holds back everything behind it."""
         return []
 
     def over_soft_quota(self, tenant: str) -> bool:
