@@ -4,6 +4,7 @@ roots from the `mutants` module beside that part, and no shipped module checks f
 from __future__ import annotations
 
 import ast
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -14,8 +15,10 @@ from server.gateway.mutants import RELAYS, relay_class
 from server.gateway.relay import Relay, Routed
 from server.gateway.supervisor import ReplicaProc
 from server.mutants import TENANT_BOOKS, tenant_book_class
+from server.replica.__main__ import parse_args as replica_args
 from server.replica.loop import StepLoop
 from server.replica.mutants import STEP_LOOPS, step_loop_class
+from server.replica.runtime import ReplicaRuntime
 from server.scheduler import Priority, Scheduler
 from server.scheduler.mutants import SCHEDULERS, scheduler_class
 from server.serve import parse_args as serve_args
@@ -67,6 +70,27 @@ def _names_mutant(node: ast.AST) -> bool:
     if isinstance(node, ast.Attribute):
         return node.attr == "Mutant"
     return isinstance(node, ast.ImportFrom) and any(a.name == "Mutant" for a in node.names)
+
+
+@pytest.mark.parametrize("mutant", [None, *Mutant])
+def test_the_replica_and_the_gateway_build_the_mutants_parts(
+    tmp_path: Path, mutant: Mutant | None
+) -> None:
+    flags = ["--state-dir", str(tmp_path)] + (["--mutant", mutant.value] if mutant else [])
+
+    async def replica() -> ReplicaRuntime:
+        runtime = ReplicaRuntime(replica_args(flags))
+        runtime.prompts.close()
+        runtime.events.close()
+        return runtime
+
+    rt = asyncio.run(replica())
+    assert type(rt.scheduler) is scheduler_class(mutant)
+    assert type(rt.loop) is step_loop_class(mutant)
+    assert type(rt.tenants) is tenant_book_class(mutant)
+    gateway = _gateway(tmp_path, mutant.value if mutant else None)
+    assert type(gateway.relay) is relay_class(mutant)
+    assert type(gateway.tenants) is tenant_book_class(mutant)
 
 
 def _gateway(tmp_path: Path, mutant: str | None) -> Gateway:
