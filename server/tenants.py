@@ -13,7 +13,6 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from contract import Mutant
 from server.headers import same_secret
 from server.protocol import ApiError
 from server.scheduler import ConfigError, Priority, TenantQuota
@@ -50,12 +49,10 @@ class TenantBook:
         keys: dict[str, tuple[str, tuple[Priority, ...]]],
         admin_keys: frozenset[str],
         quotas: dict[str, TenantQuota],
-        mutant: Mutant | None = None,
     ) -> None:
         self._keys = keys
         self._admin_keys = admin_keys
         self.quotas = quotas
-        self.mutant = mutant  # a named bug carried on purpose (None: the correct server)
 
     def authenticate(self, authorization: str | None, asked: str | None) -> Identity:
         """The identity for a bearer key and an optional X-Priority; ApiError 401/403 otherwise."""
@@ -80,8 +77,7 @@ class TenantBook:
                 "invalid_request",
                 f"X-Priority '{asked}' is not a priority class; use critical, interactive or batch",
             ) from None
-        trusts_header = self.mutant is Mutant.TRUST_PRIORITY_HEADER
-        if priority not in allowed and not trusts_header:
+        if not self._grants(priority, allowed):
             names = ", ".join(p.value for p in allowed)
             raise ApiError(
                 403,
@@ -90,6 +86,10 @@ class TenantBook:
                 f"{names}",
             )
         return Identity(tenant, priority)
+
+    def _grants(self, priority: Priority, allowed: tuple[Priority, ...]) -> bool:
+        """May a key that allows `allowed` ask for `priority` in X-Priority?"""
+        return priority in allowed
 
     def tenant_of(self, authorization: str | None) -> str | None:
         """The tenant a bearer key belongs to, or None (no key, unknown key, admin key)."""
@@ -125,9 +125,10 @@ def _bearer(authorization: str | None) -> str:
 
 
 def load_tenants(
-    path: str | Path = DEFAULT_TENANTS_PATH, mutant: Mutant | None = None
+    path: str | Path = DEFAULT_TENANTS_PATH, book: type[TenantBook] = TenantBook
 ) -> TenantBook:
-    """Parse and check a tenants YAML; ConfigError names the YAML path of each problem."""
+    """Parse and check a tenants YAML into a `book` (a TenantBook, or a mutant's subclass of
+    it); ConfigError names the YAML path of each problem."""
     p = Path(path)
     try:
         raw = yaml.safe_load(p.read_text())
@@ -153,4 +154,4 @@ def load_tenants(
             if key in keys or key in doc.admin_keys:
                 raise ConfigError(f"tenants file {p}: key {key!r} is listed twice; keys are unique")
             keys[key] = (name, tuple(entry.priorities))
-    return TenantBook(keys, frozenset(doc.admin_keys), quotas, mutant)
+    return book(keys, frozenset(doc.admin_keys), quotas)

@@ -13,12 +13,14 @@ from aiohttp import web
 from server.gateway.admin import Admin
 from server.gateway.events import read_events
 from server.gateway.ledger import Ledger
-from server.gateway.relay import FORWARDED_HEADERS, Relay, Routed
+from server.gateway.mutants import relay_class
+from server.gateway.relay import FORWARDED_HEADERS, Routed
 from server.gateway.routing import Router, prefix_key
 from server.gateway.supervisor import ReplicaProc, Supervisor, child_env
 from server.headers import ClientHeaders, client_headers, scoped_key
 from server.httputil import api_errors, error_response, json_response, read_body
 from server.metrics import CONTENT_TYPE, GatewayMetrics
+from server.mutants import tenant_book_class
 from server.options import engine_argv, load_config, target_info
 from server.promptwork import ContextLimit, PromptTokenizer
 from server.protocol import ApiError, model_not_found
@@ -34,8 +36,8 @@ class Gateway:
         self.config = load_config(args)
         self.info = {**target_info(args, self.config), "replicas": args.replicas}
         self.model_name = self.config.model
-        self.mutant = parse_mutant(args.mutant)
-        self.tenants = load_tenants(args.tenants, self.mutant)
+        mutant = parse_mutant(args.mutant)  # a named bug: the mutant's subclass of each part
+        self.tenants = load_tenants(args.tenants, tenant_book_class(mutant))
         self.tokenizer = TextTokenizer(args.tokenizer)
         self.prompts = PromptTokenizer(self.tokenizer)
         self.state_dir = state_dir
@@ -52,7 +54,7 @@ class Gateway:
             self._on_death,
             host=args.host,
         )
-        self.relay = Relay(
+        self.relay = relay_class(mutant)(
             self.ledger,
             self.router,
             self.supervisor,
@@ -60,7 +62,6 @@ class Gateway:
             internal_token,
             self.ledger.quota_headers,
             self.config.queue_deadline_ms / 1000,
-            self.mutant,
         )
         self.admin = Admin(self.tenants, self.ledger, self.supervisor, self.metrics, internal_token)
 

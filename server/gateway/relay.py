@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 import aiohttp
 from aiohttp import web
 
-from contract import Mutant
 from server.gateway.ledger import Ledger
 from server.gateway.routing import Router
 from server.gateway.supervisor import ReplicaProc, Supervisor
@@ -77,9 +76,7 @@ class Relay:
         internal_token: str,
         quota_headers: Callable[[str], dict[str, str]],
         queue_deadline_s: float,
-        mutant: Mutant | None = None,
     ) -> None:
-        self._mutant = mutant
         self._ledger = ledger
         self._router = router
         self._supervisor = supervisor
@@ -158,14 +155,18 @@ class Relay:
         except TimeoutError:
             return False
         tried.add(rep.id)
-        self._ledger.release(r.key, rep.id)
-        if self._mutant is Mutant.DOUBLE_HOLD_AFTER_FAILOVER:
-            # The bug: the dead replica's reservation is carried along instead of dropped, so
-            # the retried request is held on both replicas until the gateway restarts.
-            stale = f"{r.key}@{rep.id}"
-            self._ledger.reserve(stale, r.identity.tenant, r.identity.priority, rep.id, r.tokens)
-            self._ledger.ack(stale, rep.id)
+        self._drop_hold(r, rep)
         return bool([p for p in self._supervisor.running() if p.id not in tried])
+
+    def _drop_hold(self, r: Routed, rep: ReplicaProc) -> None:
+        """The dead replica's reservation of `r` leaves the ledger before the retry's."""
+        self._ledger.release(r.key, rep.id)
+
+    def _headers_timeout(self, r: Routed, timeout_s: float) -> float | None:
+        """How long to wait for the replica's response headers (None: no limit). A stream's
+        come at admission or refusal, which its queue deadline bounds; a non-streaming
+        answer's only at its end."""
+        return timeout_s if r.stream else None
 
     async def _forward(
         self, request: web.Request, r: Routed, rep: ReplicaProc, deadline_s: float
@@ -181,10 +182,7 @@ class Relay:
             "Content-Type": "application/json",
         }
         headers_timeout_s = deadline_s + HEADERS_SLACK_S
-        # A stream's headers come at admission; a non-streaming answer's only at its end.
-        limit = asyncio.timeout(headers_timeout_s if r.stream else None)
-        if self._mutant is Mutant.QUEUE_INSTEAD_OF_REFUSE and r.replayable:
-            limit = asyncio.timeout(None)  # the bug: low-priority work may wait forever
+        limit = asyncio.timeout(self._headers_timeout(r, headers_timeout_s))
         watch = Watchdog(self._probe, rep.url + "/health", headers_timeout_s)
         try:
             with watch:

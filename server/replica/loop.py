@@ -16,7 +16,7 @@ import traceback
 from collections import deque
 from collections.abc import Callable
 
-from contract import EventKind, Mutant
+from contract import EventKind
 from server.engine.sim import CostModel, CudaOutOfMemory, StepWork, VirtualGpu
 from server.protocol import ApiError
 from server.replica.events import EventLog
@@ -30,7 +30,6 @@ from server.scheduler import (
     SeqState,
     StepPlan,
 )
-from server.scheduler.mutants import SLOW_RELEASE_S
 
 IDLE_WORK = StepWork(prefill_tokens=0, decode_seqs=0, decode_context_tokens=0, sampled_seqs=0)
 
@@ -130,11 +129,12 @@ class StepLoop:
             return
         t0 = time.perf_counter()
         stream.abort()
-        if self.scheduler.mutant is Mutant.SLOW_RELEASE:  # the bug: the abort is acted on late
-            rid = stream.spec.request_id
-            asyncio.get_running_loop().call_later(SLOW_RELEASE_S, self._release, rid, reason)
-            return
-        self._release(stream.spec.request_id, reason)
+        self._release_cancelled(stream.spec.request_id, reason, t0)
+
+    def _release_cancelled(self, request_id: str, reason: str, t0: float) -> None:
+        """Free a cancelled request's blocks; `t0` is when its cancel arrived (perf_counter),
+        for the release-latency histogram."""
+        self._release(request_id, reason)
         self._on_release(time.perf_counter() - t0)
 
     def _release(self, request_id: str, reason: str) -> None:

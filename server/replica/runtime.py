@@ -14,12 +14,12 @@ from pathlib import Path
 from server.engine.gpus import get_gpu, get_model_compute
 from server.engine.sim import GIB, CostModel, VirtualGpu
 from server.metrics import ReplicaMetrics
+from server.mutants import tenant_book_class
 from server.options import load_config, target_info
 from server.promptwork import PromptTokenizer
 from server.replica.events import EventLog
-from server.replica.loop import StepLoop
-from server.scheduler import Scheduler
-from server.scheduler.mutants import parse_mutant
+from server.replica.mutants import step_loop_class
+from server.scheduler.mutants import parse_mutant, scheduler_class
 from server.tenants import load_tenants
 from server.tokenizer import TextTokenizer
 
@@ -38,7 +38,9 @@ class ReplicaRuntime:
         self.config = load_config(args)
         self.info = {"replica": args.replica_id, **target_info(args, self.config)}
         self.model_name = self.config.model
-        self.tenants = load_tenants(args.tenants, parse_mutant(args.mutant))
+        # A deployment carrying a named bug builds the mutant's subclass of each part it breaks.
+        mutant = parse_mutant(args.mutant)
+        self.tenants = load_tenants(args.tenants, tenant_book_class(mutant))
         self.tokenizer = TextTokenizer(args.tokenizer)
         self.prompts = PromptTokenizer(self.tokenizer)
         # Set by serve: this replica then takes only its gateway's requests. Unset, it is a
@@ -52,19 +54,18 @@ class ReplicaRuntime:
         self.gpu = VirtualGpu(sku, profile, get_model_compute(profile.name), block_bytes)
         self.cost = CostModel(sku, profile, actual_per_token)
         self._warn_if_pool_too_big(block_bytes)
-        self.scheduler = Scheduler(
+        self.scheduler = scheduler_class(mutant)(
             self.config,
             self.tenants.quotas,
             policy=args.policy,
             clock=time.time,
             device_free_bytes=self.gpu.free_after_weights(),
-            mutant=parse_mutant(args.mutant),
         )
         state_dir = args.state_dir or Path(tempfile.mkdtemp(prefix="kvgate-replica-"))
         self.state_dir = Path(state_dir)
         self.events = EventLog(self.replica_id, self.state_dir)
         self.metrics = ReplicaMetrics()
-        self.loop = StepLoop(
+        self.loop = step_loop_class(mutant)(
             self.scheduler,
             self.gpu,
             self.cost,

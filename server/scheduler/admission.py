@@ -87,7 +87,7 @@ def _screen_tenant(s: Scheduler, seq: Sequence) -> Admission | None:
             f"shorten the input or lower max_tokens",
             seq.max_new,
         )
-    acct = s.ledger.account(seq.tenant)
+    acct = s.kv.ledger.account(seq.tenant)
     wait = s.estimated_wait(seq.priority)
     held = acct.reserved_tokens + acct.queued_tokens
     if held + total > quota.hard_reserved_tokens:
@@ -115,7 +115,7 @@ def _screen_tenant(s: Scheduler, seq: Sequence) -> Admission | None:
             f"your tenant already has {seqs} active or queued requests, its limit is "
             f"{quota.max_active_seqs}; retry when one finishes",
         )
-    gpu = s.ledger.gpu_seconds(seq.tenant)
+    gpu = s.kv.ledger.gpu_seconds(seq.tenant)
     if gpu >= quota.max_gpu_seconds:
         return _quota(
             seq,
@@ -125,7 +125,7 @@ def _screen_tenant(s: Scheduler, seq: Sequence) -> Admission | None:
         )
     blocks = acct.commit_blocks  # queued demand is not committed; it waits for the tenant
     # Only when the share cap binds before the pool does; otherwise it is a capacity matter.
-    if cap < s.start_ceiling(seq) and blocks + seq.need_blocks > cap and s.enforces_share_cap:
+    if cap < s.start_ceiling(seq) and not s.tenant_fits(seq):
         return _quota(
             seq,
             wait,

@@ -1,5 +1,7 @@
 """The tenant ledger: what each tenant (and each priority class) holds right now, kept
-incrementally so admission and stats never walk the running set."""
+incrementally so admission and stats never walk the running set. The KV cache manager owns
+it and alone changes its block and token sums; the scheduler counts queued demand and GPU
+time through its methods."""
 
 from __future__ import annotations
 

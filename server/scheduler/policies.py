@@ -1,26 +1,24 @@
 """Scheduling policies as small strategy objects: the seed policy and three baselines
 (`naive`, `vllm`, `tgi`) behind one interface, so runs can compare them.
 
-A policy answers five questions for the scheduler: how big the pool is, in what order the
-queue is served, whether a queued sequence may start now, whom to preempt, and whether
-short prompts are prefilled ahead of long ones of their class.
+A policy answers, from a read-only SchedulerView, the questions the scheduler asks: how big
+the pool is, which wait queue serves it (the queue type carries its service order, bound and
+deadlines), whether a queued sequence may start now, how far commitments may rise before
+work is preempted and in what order, whom to preempt when a decode finds no block, and
+whether batch prefill pauses. The scheduler acts on the answers; a policy changes nothing.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from collections.abc import Iterable, Mapping
+from typing import ClassVar
 
-import contract
-from contract import Mutant, Priority
+from contract import Priority
 from server.scheduler.config import SchedulerConfig
-from server.scheduler.sequence import Sequence
-from server.scheduler.types import Admission
 from server.scheduler.victims import victim_order
-
-if TYPE_CHECKING:
-    from server.scheduler.scheduler import Scheduler
+from server.scheduler.view import SchedulerView, SeqView
+from server.scheduler.waitqueue import ClassQueue, WaitQueue
 
 
 class Start(enum.Enum):
@@ -34,34 +32,36 @@ class Start(enum.Enum):
 class Policy:
     """Base: FCFS, no reservation, no quotas, unbounded queue, no preemption."""
 
-    name = "base"
-    reserve_full = False  # commit input + max_new blocks at start
-    enforce_quotas = False  # tenant quotas, priority budgets, share cap
-    bounded_queue = False  # max_queued and queue deadlines
-    short_prefill_first = False  # within a class, prefill the shortest remaining prompt first
+    name: ClassVar[str] = "base"
+    queue_type: ClassVar[type[WaitQueue]] = WaitQueue  # first come, first served, unbounded
+    reserve_full: ClassVar[bool] = False  # commit input + max_new blocks at start
+    enforce_quotas: ClassVar[bool] = False  # tenant quotas, priority budgets, share cap
+    short_prefill_first: ClassVar[bool] = False  # within a class, shortest prompt first
 
     def pool_blocks(self, cfg: SchedulerConfig, device_free_bytes: int | None) -> int:
         return cfg.pool_blocks()
 
-    def rank(self, priority: Priority) -> int:
-        """Queue class: lower is served first; equal ranks are served in arrival order."""
-        return 0
-
-    def can_start(self, s: Scheduler, seq: Sequence, commit: int) -> Start:
+    def can_start(self, view: SchedulerView, seq: SeqView, commit: int) -> Start:
         """`commit` = blocks the sequence adds to pool commitments if it starts now."""
-        if s.running_count >= s.config.max_running_seqs:
+        if view.running_count >= view.config.max_running_seqs:
             return Start.BLOCKED
-        fits = s.committed_blocks + commit <= s.pool_blocks
+        fits = view.committed_blocks + commit <= view.num_blocks
         return Start.NOW if fits else Start.BLOCKED
 
-    def relieve(self, s: Scheduler) -> tuple[list[str], list[tuple[str, Admission]]]:
-        """Reclaim under pressure: (ids preempted, queued requests shed with their verdict)."""
-        return [], []
+    def relief_limit(self, view: SchedulerView) -> float | None:
+        """Commitments above this many blocks are relieved this step: queued soft-quota
+        overage is shed, then running work preempted in `victims` order until they fit
+        (None: never)."""
+        return None
 
-    def pause_batch_prefill(self, s: Scheduler) -> bool:
+    def victims(self, view: SchedulerView) -> Iterable[SeqView]:
+        """Running sequences in the order relief preempts them."""
+        return ()
+
+    def pause_batch_prefill(self, view: SchedulerView) -> bool:
         return False
 
-    def shortage_victim(self, s: Scheduler) -> Sequence | None:
+    def shortage_victim(self, view: SchedulerView) -> SeqView | None:
         """Whom to preempt when a running sequence cannot get its next block."""
         return None
 
@@ -78,7 +78,7 @@ class NaivePolicy(Policy):
             raise ValueError("policy 'naive' sizes its pool from device_free_bytes; pass it")
         return max(1, device_free_bytes // cfg.block_bytes)
 
-    def can_start(self, s: Scheduler, seq: Sequence, commit: int) -> Start:
+    def can_start(self, view: SchedulerView, seq: SeqView, commit: int) -> Start:
         return Start.NOW
 
 
@@ -89,8 +89,8 @@ class VllmPolicy(Policy):
 
     name = "vllm"
 
-    def shortage_victim(self, s: Scheduler) -> Sequence | None:
-        return max(s.running(), key=lambda q: q.arrival, default=None)
+    def shortage_victim(self, view: SchedulerView) -> SeqView | None:
+        return max(view.running(), key=lambda q: q.arrival, default=None)
 
 
 class TgiPolicy(Policy):
@@ -109,73 +109,66 @@ class SeedPolicy(Policy):
     then reclaims the excess by preemption in tier order, before any block is allocated."""
 
     name = "seed"
+    queue_type = ClassQueue
     reserve_full = True
     enforce_quotas = True
-    bounded_queue = True
     short_prefill_first = True
 
-    def rank(self, priority: Priority) -> int:
-        return priority.rank
-
-    def can_start(self, s: Scheduler, seq: Sequence, commit: int) -> Start:
-        cfg = s.config
-        if s.running_count >= cfg.max_running_seqs:
+    def can_start(self, view: SchedulerView, seq: SeqView, commit: int) -> Start:
+        cfg = view.config
+        if view.running_count >= cfg.max_running_seqs:
             return Start.BLOCKED
-        if not s.tenant_fits(seq):
+        if not view.tenant_fits(seq):
             return Start.SKIP
-        hard = cfg.hard_watermark * s.pool_blocks
+        hard = cfg.hard_watermark * view.num_blocks
         if seq.priority is Priority.CRITICAL:
             # Past the hard line only as far as batch work (always preemptible) can pay back.
-            limit = min(s.pool_blocks, hard + s.ledger.commit_by_priority[Priority.BATCH])
-            if s.committed_blocks + commit <= limit:
+            batch = view.committed_by_priority(Priority.BATCH)
+            limit = min(view.num_blocks, hard + batch)
+            if view.committed_blocks + commit <= limit:
                 return Start.NOW
             # Too big for the room left: it waits, but smaller critical requests behind it
             # (short questions) still start; lower classes stay below the reserve anyway.
             return Start.SKIP
-        if seq.priority is Priority.BATCH and s.batch_ignores_pressure:
-            # The bug: offline work starts whenever it fits in the pool at all.
-            return Start.NOW if s.committed_blocks + commit <= s.pool_blocks else Start.SKIP
         if seq.priority is Priority.BATCH:
-            long = seq.prompt_len + seq.max_new >= cfg.long_request_tokens
-            if long and s.usage > cfg.admission_watermark:
-                return Start.SKIP
-            batch_cap = (1.0 - cfg.interactive_reserve) * s.pool_blocks
-            if s.ledger.commit_by_priority[Priority.BATCH] + commit > batch_cap:
-                return Start.SKIP
-        limit = (cfg.hard_watermark - cfg.critical_reserve) * s.pool_blocks
-        return Start.NOW if s.committed_blocks + commit <= limit else Start.BLOCKED
+            verdict = self.batch_verdict(view, seq, commit)
+            if verdict is not None:
+                return verdict
+        limit = (cfg.hard_watermark - cfg.critical_reserve) * view.num_blocks
+        return Start.NOW if view.committed_blocks + commit <= limit else Start.BLOCKED
 
-    def pause_batch_prefill(self, s: Scheduler) -> bool:
-        if s.batch_ignores_pressure:  # the bug: batch prefill never pauses
-            return False
-        return s.usage > s.config.batch_prefill_pause_watermark
+    def batch_verdict(self, view: SchedulerView, seq: SeqView, commit: int) -> Start | None:
+        """The pressure ladder's batch rules: a long batch request waits above the admission
+        watermark, and batch never commits the interactive reserve (None: the common limit
+        decides)."""
+        cfg = view.config
+        long = seq.prompt_len + seq.max_new >= cfg.long_request_tokens
+        if long and view.usage > cfg.admission_watermark:
+            return Start.SKIP
+        batch_cap = (1.0 - cfg.interactive_reserve) * view.num_blocks
+        if view.committed_by_priority(Priority.BATCH) + commit > batch_cap:
+            return Start.SKIP
+        return None
 
-    def relieve(self, s: Scheduler) -> tuple[list[str], list[tuple[str, Admission]]]:
-        """Commitments above the hard watermark: tier 1 is implicit (cold prefix blocks are
-        free blocks, reclaimed LRU on allocation); tier 2 sheds queued soft-quota overage;
-        tiers 3-5 preempt running work in victim order until commitments fit again."""
-        limit = s.config.hard_watermark * s.pool_blocks
-        if s.committed_blocks <= limit:
-            return [], []
-        shed = s.shed_soft_overage()
-        preempted: list[str] = []
-        victims: Iterable[Sequence] = victim_order(
-            s.running(),
-            s.clock(),
-            s.config.bytes_per_token,
-            s.config.preempted_protection,
-            s.over_soft_quota,
-            allow_streamed=s.at_risk,
+    def pause_batch_prefill(self, view: SchedulerView) -> bool:
+        return view.usage > view.config.batch_prefill_pause_watermark
+
+    def relief_limit(self, view: SchedulerView) -> float | None:
+        """The hard watermark. Tier 1 is implicit (cold prefix blocks are free blocks,
+        reclaimed LRU on allocation); tier 2 is the shed soft-quota overage; tiers 3-5 are
+        the victim order."""
+        return view.config.hard_watermark * view.num_blocks
+
+    def victims(self, view: SchedulerView) -> Iterable[SeqView]:
+        cfg = view.config
+        return victim_order(
+            view.running(),
+            view.now(),
+            cfg.bytes_per_token,
+            cfg.preempted_protection,
+            view.over_soft_quota,
+            allow_streamed=view.at_risk,
         )
-        if s.mutant is Mutant.PREEMPT_BY_AGE:  # the bug: newest first, whatever it is
-            victims = sorted(s.running(), key=lambda q: q.arrival, reverse=True)
-        reason = contract.PREEMPT_AT_RISK if s.at_risk else "pressure"
-        for victim in victims:
-            if s.committed_blocks <= limit:
-                break
-            s.preempt(victim, reason)
-            preempted.append(victim.request_id)
-        return preempted, shed
 
 
 POLICIES: dict[str, type[Policy]] = {
@@ -183,10 +176,10 @@ POLICIES: dict[str, type[Policy]] = {
 }
 
 
-def make_policy(name: str) -> Policy:
+def make_policy(name: str, policies: Mapping[str, type[Policy]] = POLICIES) -> Policy:
     try:
-        return POLICIES[name]()
+        return policies[name]()
     except KeyError:
         raise ValueError(
-            f"unknown scheduler policy {name!r}; choose one of {', '.join(POLICIES)}"
+            f"unknown scheduler policy {name!r}; choose one of {', '.join(policies)}"
         ) from None

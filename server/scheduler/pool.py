@@ -11,16 +11,11 @@ import hashlib
 from collections import OrderedDict
 from collections.abc import Sequence as Seq
 
-from contract import Mutant
 from server.scheduler.types import PrefixSpec
 
 
 def prefix_block_keys(
-    tenant: str,
-    spec: PrefixSpec,
-    prompt: Seq[int],
-    block_tokens: int,
-    mutant: Mutant | None = None,
+    tenant: str, spec: PrefixSpec, prompt: Seq[int], block_tokens: int
 ) -> list[bytes]:
     """Chained cache keys of the prefix's full blocks, each covering every token before it.
 
@@ -31,12 +26,9 @@ def prefix_block_keys(
     if spec.public:
         scope = ("public", spec.model, spec.tokenizer, spec.adapter, spec.chat_template)
     else:
-        # The mutant forgets whose prefix it is: identical private prompts of two tenants
-        # then map to the same blocks.
-        owner = "" if mutant is Mutant.SHARED_PRIVATE_PREFIX else tenant
         scope = (
             "private",
-            owner,
+            tenant,
             str(spec.permission_version),
             spec.model,
             spec.tokenizer,

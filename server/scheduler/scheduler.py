@@ -10,8 +10,9 @@ import time
 from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import replace
+from typing import ClassVar
 
-from contract import EventKind, Mutant, Priority, RejectCode
+from contract import EventKind, Priority, RejectCode
 from server.scheduler import step
 from server.scheduler.admission import (
     deadline_rejection,
@@ -21,10 +22,8 @@ from server.scheduler.admission import (
 )
 from server.scheduler.config import SchedulerConfig, TenantQuota
 from server.scheduler.decodeset import DecodeSet
-from server.scheduler.ledger import TenantLedger
-from server.scheduler.mutants import LEAK_EVERY
-from server.scheduler.policies import make_policy
-from server.scheduler.pool import BlockPool, prefix_block_keys
+from server.scheduler.kvmanager import KVCacheManager
+from server.scheduler.policies import POLICIES, Policy, make_policy
 from server.scheduler.sequence import Sequence
 from server.scheduler.stats import collect_stats
 from server.scheduler.types import (
@@ -36,7 +35,7 @@ from server.scheduler.types import (
     SeqState,
     StepPlan,
 )
-from server.scheduler.waitqueue import WaitQueue
+from server.scheduler.view import SchedulerView, SeqView
 
 FINISHED_MEMORY = 4096  # finished sequences remembered for state()/generated_tokens()
 
@@ -53,7 +52,15 @@ class Scheduler:
       excess is reclaimed by preemption in the same step; streamed interactive and critical
       work is preempted only when usage itself is above it (the process is at risk).
     tenant_max_share caps each tenant's committed blocks; interactive_reserve caps batch's.
+
+    It owns the sequences' states, the wait queue (the policy's queue type), the decode set
+    and the event log; every allocate and free goes through the KV cache manager `kv`, and
+    the policy reads the scheduler only through `view`.
     """
+
+    # The parts a subclass may replace; the mutants (server.scheduler.mutants) do.
+    kv_manager_type: ClassVar[type[KVCacheManager]] = KVCacheManager
+    policy_types: ClassVar[Mapping[str, type[Policy]]] = POLICIES
 
     def __init__(
         self,
@@ -62,20 +69,18 @@ class Scheduler:
         policy: str = "seed",
         clock: Callable[[], float] = time.monotonic,
         device_free_bytes: int | None = None,
-        mutant: Mutant | None = None,
     ) -> None:
         self.config = config
-        self.mutant = mutant  # a named bug this scheduler carries on purpose (None: correct)
         self.tenants = dict(tenants)
-        self.policy = make_policy(policy)
+        self.policy = make_policy(policy, self.policy_types)
         self.clock = clock
-        self.pool = BlockPool(self.policy.pool_blocks(config, device_free_bytes))
-        self.ledger = TenantLedger()
-        self.queue = WaitQueue()
-        self.share_cap_blocks = int(config.tenant_max_share * self.pool.num_blocks)
+        self.kv = self.kv_manager_type(config, self.policy.pool_blocks(config, device_free_bytes))
+        self.queue = self.policy.queue_type(config)
+        self.view = SchedulerView(self, self.kv)
+        self.share_cap_blocks = int(config.tenant_max_share * self.kv.num_blocks)
         self._running: dict[str, Sequence] = {}
         self.prefilling: dict[Priority, dict[str, Sequence]] = {p: {} for p in Priority}
-        self.decoding = DecodeSet(self.ledger)
+        self.decoding = DecodeSet(self.kv.ledger)
         self.starved: dict[str, Sequence] = {}  # non-reserving policies: no block for next token
         self._finished: OrderedDict[str, Sequence] = OrderedDict()
         self._arrivals = 0
@@ -87,17 +92,13 @@ class Scheduler:
         self.evictions: Counter[str] = Counter()
         self.preemptions: Counter[Priority] = Counter()
         self.recomputes = 0
-        self.kv_settled = 0  # settled part of the sum of kv_tokens over live sequences
         self._finish_times: deque[float] = deque(maxlen=256)  # recent finishes, for wait estimates
-        # Mutant leak_on_cancel: cancelled sequences that still hold their blocks, forever.
-        self.leaked: dict[str, Sequence] = {}
-        self._cancels = 0
 
     # ----- public API -------------------------------------------------------------------
 
     @property
     def pool_blocks(self) -> int:
-        return self.pool.num_blocks
+        return self.kv.num_blocks
 
     def submit(self, req: SeqRequest) -> Admission:
         """ADMIT: runs from the next schedule(); QUEUE: waits until its deadline; REJECT."""
@@ -112,16 +113,11 @@ class Scheduler:
         if verdict is not None:
             self._record_reject(seq, verdict)
             return verdict
-        skips_queue = self.batch_ignores_pressure and seq.priority is Priority.BATCH
-        if (skips_queue or self._nothing_ahead(seq)) and step.try_start(self, seq):
+        if self.may_start_on_arrival(seq) and step.try_start(self, seq):
             msg = "admitted"
             cached = seq.cached_tokens
             return Admission(Decision.ADMIT, None, 200, None, msg, None, seq.max_new, cached)
-        if (
-            self.policy.bounded_queue
-            and len(self.queue) >= self.config.max_queued
-            and not self._parks(seq)
-        ):
+        if not self.queue.has_room(seq):
             wait = self.estimated_wait(seq.priority)
             verdict = reject(
                 RejectCode.CAPACITY,
@@ -134,8 +130,8 @@ class Scheduler:
             return verdict
         self._enqueue(seq)
         self._event(seq, EventKind.QUEUED, None)
-        cached = self.pool.peek(self.usable_prefix(seq))[0] * self.config.block_tokens
-        deadline = seq.deadline if self.policy.bounded_queue else None
+        cached = self.kv.cached_blocks(seq) * self.config.block_tokens
+        deadline = self.queue.deadline(seq)
         msg = "queued until capacity frees"
         return Admission(Decision.QUEUE, None, 200, None, msg, deadline, seq.max_new, cached)
 
@@ -143,9 +139,6 @@ class Scheduler:
         """Cancel a live request now; returns the block references released (0 if unknown)."""
         seq = self._running.get(request_id)
         if seq is not None:
-            if self._leaks_on_cancel():
-                self._leak(seq, reason)
-                return 0
             return self.release(seq, EventKind.CANCELLED, reason)
         if request_id in self.queue:
             seq = self._dequeue_by_id(request_id)
@@ -176,7 +169,7 @@ class Scheduler:
     def gpu_seconds(self, request_id: str) -> float:
         """GPU time the request has used so far (it survives preemption and recompute)."""
         seq = self._lookup(request_id)
-        return 0.0 if seq is None else self.ledger.seq_gpu_seconds(seq)
+        return 0.0 if seq is None else self.kv.ledger.seq_gpu_seconds(seq)
 
     def state(self, request_id: str) -> SeqState | None:
         seq = self._lookup(request_id)
@@ -185,7 +178,7 @@ class Scheduler:
     def stats(self) -> SchedulerStats:
         return collect_stats(self)
 
-    # ----- views the policies and the step read -----------------------------------------
+    # ----- what the step, admission and the view read -----------------------------------
 
     @property
     def running_count(self) -> int:
@@ -197,41 +190,44 @@ class Scheduler:
     @property
     def kv_tokens_total(self) -> int:
         """Sum of kv_tokens over block-holding sequences (decoders' share kept lazily)."""
-        return self.kv_settled + self.decoding.settled_kv + self.decoding.pending_kv
+        return self.kv.settled_tokens + self.decoding.settled_kv + self.decoding.pending_kv
 
     @property
     def committed_blocks(self) -> int:
         """Blocks in use plus reserved headroom: the pool's worst-case future usage."""
-        committed = self.pool.used + self.ledger.headroom_blocks
-        if self.mutant is Mutant.UNDERESTIMATE_KV:  # the bug: only the estimate is counted
-            committed -= sum(max(0, len(q.blocks) - q.need_blocks) for q in self._running.values())
-        return committed
+        return self.kv.committed_blocks
 
     @property
     def usage(self) -> float:
-        return self.pool.used / self.pool.num_blocks
+        return self.kv.usage
 
     @property
     def at_risk(self) -> bool:
         """Usage itself is above the hard watermark: the process could run out of memory."""
-        return self.usage > self.config.hard_watermark
+        return self.kv.usage > self.config.hard_watermark
 
-    @property
-    def batch_ignores_pressure(self) -> bool:
-        """Mutant batch_ignores_peak: batch work skips the queue's priority order and the
-        pressure ladder's batch rules, and starts whenever it fits in the pool."""
-        return self.mutant is Mutant.BATCH_IGNORES_PEAK
+    def may_start_on_arrival(self, seq: Sequence) -> bool:
+        """A new request tries to start before it queues only when nothing it would be
+        served after is queued: nobody jumps the queue."""
+        return self.queue.ahead(seq.priority) == 0
+
+    def start_past_blocked_head(self, aside: list[Sequence]) -> list[str]:
+        """After a queued sequence was BLOCKED (the pool is full), start what may still
+        start behind it and return their ids; sequences taken off the queue and not started
+        go to `aside`, which the caller requeues. The shipped rule starts nothing: a blocked
+        head holds back everything behind it."""
+        return []
 
     def over_soft_quota(self, tenant: str) -> bool:
         quota = self.tenants.get(tenant)
-        acct = self.ledger.accounts.get(tenant)
+        acct = self.kv.ledger.accounts.get(tenant)
         if quota is None or acct is None:
             return False
         return acct.reserved_tokens > quota.soft_reserved_tokens
 
     def start_ceiling(self, seq: Sequence) -> int:
         """Most blocks one request of this class could ever commit on an idle replica."""
-        pool = self.pool.num_blocks
+        pool = self.kv.num_blocks
         if not self.policy.enforce_quotas or seq.priority is Priority.CRITICAL:
             return pool
         ceiling = int((self.config.hard_watermark - self.config.critical_reserve) * pool)
@@ -239,18 +235,9 @@ class Scheduler:
             ceiling = min(ceiling, int((1.0 - self.config.interactive_reserve) * pool))
         return ceiling
 
-    def usable_prefix(self, seq: Sequence) -> list[bytes]:
-        """Prefix keys a start may hit: at least one token is always left to compute."""
-        return seq.prefix_keys[: (seq.target - 1) // self.config.block_tokens]
-
-    @property
-    def enforces_share_cap(self) -> bool:
-        return self.mutant is not Mutant.NO_TENANT_CAP  # the bug: the cap is never checked
-
-    def tenant_fits(self, seq: Sequence) -> bool:
-        if not self.enforces_share_cap:
-            return True
-        acct = self.ledger.account(seq.tenant)
+    def tenant_fits(self, seq: SeqView) -> bool:
+        """Committing `seq`'s worst case keeps its tenant within tenant_max_share."""
+        acct = self.kv.ledger.account(seq.tenant)
         return acct.commit_blocks + seq.need_blocks <= self.share_cap_blocks
 
     @property
@@ -262,8 +249,7 @@ class Scheduler:
 
     def estimated_wait(self, priority: Priority) -> float:
         """Seconds until a new request of this class would start, from the recent finish rate."""
-        rank = self.policy.rank(priority)
-        ahead = sum(n for p, n in self.queue.by_priority.items() if self.policy.rank(p) <= rank)
+        ahead = self.queue.ahead(priority)
         if ahead == 0:
             return 0.0
         rate = max(self.finish_rate, 0.1)  # floor: an idle replica still promises progress
@@ -273,19 +259,8 @@ class Scheduler:
 
     def start(self, seq: Sequence) -> None:
         """Queue -> holding blocks: take prefix-cache hits and the ledger reservation."""
-        before = self.ledger.snapshot(seq)
         resumed = seq.state is SeqState.PREEMPTED
-        bt = self.config.block_tokens
-        keys = self.usable_prefix(seq)
-        seq.blocks = self.pool.acquire_prefix(keys) if keys else []
-        seq.registered = len(seq.blocks)
-        seq.kv_tokens = len(seq.blocks) * bt
-        seq.capacity = seq.kv_tokens
-        seq.cached_tokens = min(seq.kv_tokens, seq.prompt_len)
-        seq.prefill_blocks = self.config.blocks_for(seq.target + 1)
-        seq.state = SeqState.RECOMPUTING if resumed else SeqState.RUNNING
-        self.kv_settled += seq.kv_tokens
-        self.ledger.apply(seq, before)
+        self.kv.admit(seq, SeqState.RECOMPUTING if resumed else SeqState.RUNNING)
         self._running[seq.request_id] = seq
         self.prefilling[seq.priority][seq.request_id] = seq
         if resumed:
@@ -295,37 +270,23 @@ class Scheduler:
 
     def preempt(self, seq: Sequence, reason: str) -> None:
         """Drop a running sequence's KV; it requeues at its arrival position to recompute."""
-        before = self.ledger.snapshot(seq)
         self._detach(seq)
-        self.pool.release(seq.blocks)
-        self.kv_settled -= seq.kv_tokens
-        seq.blocks, seq.capacity, seq.kv_tokens, seq.registered = [], 0, 0, 0
+        self.kv.free(seq, SeqState.PREEMPTED)
         seq.target = seq.prompt_len + seq.generated
         seq.decode_age_s = seq.decode_age(self.clock())
         seq.t_decode_start = None
         seq.preemptions += 1
-        seq.state = SeqState.PREEMPTED
-        self.ledger.apply(seq, before)
         self._enqueue(seq)
         self.preemptions[seq.priority] += 1
         self.evictions[reason] += 1
         self._event(seq, EventKind.PREEMPTED, reason)
-        if self.mutant is Mutant.DROP_PREEMPTED:  # the bug: abort instead of resuming later
-            dropped = self._dequeue_by_id(seq.request_id)
-            self.release(dropped, EventKind.CANCELLED, "preempted_dropped")
 
     def release(self, seq: Sequence, event: EventKind, reason: str | None) -> int:
         """Finish or cancel: free every block reference now; records `event` and 'released'."""
         self._event(seq, event, reason)  # still showing what it held when it ended
-        before = self.ledger.snapshot(seq)
         if seq.state.holds_blocks:
             self._detach(seq)
-        refs = len(seq.blocks)
-        self.pool.release(seq.blocks)
-        self.kv_settled -= seq.kv_tokens
-        seq.blocks, seq.capacity = [], 0
-        seq.state = SeqState.FINISHED
-        self.ledger.apply(seq, before)
+        refs = self.kv.free(seq, SeqState.FINISHED)
         self._remember(seq)
         self._event(seq, EventKind.RELEASED, reason, blocks=refs)
         if event is EventKind.FINISHED:
@@ -352,7 +313,7 @@ class Scheduler:
 
     def _queue_reject(self, seq: Sequence, verdict: Admission) -> None:
         """Finish a sequence just taken off the queue with a rejection."""
-        self.ledger.enqueue(seq, -1)
+        self.kv.ledger.enqueue(seq, -1)
         seq.state = SeqState.FINISHED
         self._remember(seq)
         self._record_reject(seq, verdict)
@@ -365,15 +326,17 @@ class Scheduler:
         """The next queued sequence in service order (the caller starts or requeues it)."""
         seq = self.queue.pop_next()
         if seq is not None:
-            self.ledger.enqueue(seq, -1)
+            self.kv.ledger.enqueue(seq, -1)
         return seq
 
     def running_seq(self, request_id: str) -> Sequence | None:
         return self._running.get(request_id)
 
-    def live(self) -> list[Sequence]:
-        """Every sequence holding blocks (for invariant checks), leaked ones included."""
-        return [*self._running.values(), *self.leaked.values()]
+    def check(self) -> None:
+        """Assert every invariant against a full recount (tests only; O(pool + live))."""
+        self.kv.check()
+        self.decoding.check()
+        assert self.kv_tokens_total == sum(q.kv_tokens for q in self.kv.holders())
 
     # ----- internals ---------------------------------------------------------------------
 
@@ -382,40 +345,25 @@ class Scheduler:
         max_new = req.max_new_tokens or cfg.max_new_tokens_default
         keys = []
         if req.prefix is not None and req.prefix.length >= cfg.block_tokens:
-            keys = prefix_block_keys(
-                req.tenant, req.prefix, req.prompt_tokens, cfg.block_tokens, self.mutant
-            )
+            keys = self.kv.prefix_keys(req.tenant, req.prefix, req.prompt_tokens)
         now = self.clock()
         deadline_ms = req.deadline_ms if req.deadline_ms is not None else cfg.queue_deadline_ms
         self._arrivals += 1
-        need = cfg.blocks_for(len(req.prompt_tokens) + max_new)
-        if self.mutant is Mutant.UNDERESTIMATE_KV:  # the bug: no room for the output
-            need = cfg.blocks_for(len(req.prompt_tokens) + 1)
+        need = self.kv.need_blocks(len(req.prompt_tokens), max_new)
         reserve = self.policy.reserve_full
-        seq = Sequence(
+        return Sequence(
             req, self._arrivals, max_new, need, keys, reserve, now, now + deadline_ms / 1000
         )
-        if self._parks(seq):
-            seq.deadline = float("inf")
-        return seq
-
-    def _parks(self, seq: Sequence) -> bool:
-        """Mutant queue_instead_of_refuse: low-priority work waits with no deadline or bound."""
-        return self.mutant is Mutant.QUEUE_INSTEAD_OF_REFUSE and seq.priority is Priority.BATCH
-
-    def _nothing_ahead(self, seq: Sequence) -> bool:
-        rank = self.policy.rank(seq.priority)
-        return all(n == 0 for p, n in self.queue.by_priority.items() if self.policy.rank(p) <= rank)
 
     def _enqueue(self, seq: Sequence) -> None:
-        self.queue.push(seq, self.policy.rank(seq.priority))
-        self.ledger.enqueue(seq, 1)
+        self.queue.push(seq)
+        self.kv.ledger.enqueue(seq, 1)
 
     def _dequeue_by_id(self, request_id: str) -> Sequence:
         seq = self.queue.get(request_id)
         assert seq is not None
         self.queue.remove(seq)
-        self.ledger.enqueue(seq, -1)
+        self.kv.ledger.enqueue(seq, -1)
         return seq
 
     def _detach(self, seq: Sequence) -> None:
@@ -424,19 +372,6 @@ class Scheduler:
         self.prefilling[seq.priority].pop(rid, None)
         self.decoding.discard(rid)
         self.starved.pop(rid, None)
-
-    def _leaks_on_cancel(self) -> bool:
-        if self.mutant is not Mutant.LEAK_ON_CANCEL:
-            return False
-        self._cancels += 1
-        return self._cancels % LEAK_EVERY == 0
-
-    def _leak(self, seq: Sequence, reason: str) -> None:
-        """Mutant leak_on_cancel: the sequence stops running and is forgotten, but its blocks
-        and reservation are never returned (no 'released' event ever follows)."""
-        self._event(seq, EventKind.CANCELLED, reason)
-        self._detach(seq)
-        self.leaked[seq.request_id] = seq
 
     def _remember(self, seq: Sequence) -> None:
         """Keep a finished sequence for its counters (state, generated, GPU time), without its
@@ -473,7 +408,7 @@ class Scheduler:
                 reserved_tokens=seq.reserved_tokens,
                 used_tokens=seq.kv_tokens if seq.state.holds_blocks else 0,
                 reason=reason,
-                pool_used_blocks=self.pool.used,
-                pool_total_blocks=self.pool.num_blocks,
+                pool_used_blocks=self.kv.used_blocks,
+                pool_total_blocks=self.kv.num_blocks,
             )
         )

@@ -21,7 +21,8 @@ class Sequence:
     `kv_tokens` advance lazily with the decode set's step count, so a decode step costs
     nothing per sequence. Invariants: generated <= max_new; kv_tokens <= capacity =
     len(blocks) * block_tokens. `deadline`, GPU time, `recomputes` and `preemptions` are
-    never reset.
+    never reset. The block table (`blocks`, `capacity`, `registered`, `cached_tokens`,
+    `prefill_blocks`) is written only by the KV cache manager, and so are prefill positions.
     """
 
     __slots__ = (
@@ -118,6 +119,10 @@ class Sequence:
     def kv_tokens(self, value: int) -> None:
         assert self.dset is None, "a decoding sequence advances only through its decode set"
         self.kv_settled = value
+
+    @property
+    def replayable(self) -> bool:
+        return self.req.replayable
 
     @property
     def holds_blocks(self) -> bool:

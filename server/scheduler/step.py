@@ -12,16 +12,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+import contract
 from contract import EventKind, Priority
 from server.scheduler.policies import Start
 from server.scheduler.sequence import Sequence
-from server.scheduler.types import (
-    Admission,
-    PoolExhausted,
-    PrefillChunk,
-    SeqState,
-    StepPlan,
-)
+from server.scheduler.types import Admission, PrefillChunk, SeqState, StepPlan
 
 if TYPE_CHECKING:
     from server.scheduler.scheduler import Scheduler
@@ -32,12 +27,7 @@ HEAD_SHARE = 4  # short-first prefill: the oldest prefill of a class keeps 1/4 o
 
 def start_verdict(s: Scheduler, seq: Sequence) -> Start:
     """Ask the policy whether `seq` may start now, given what its prefix hits save."""
-    live_hits = s.pool.peek(s.usable_prefix(seq))[1]
-    if seq.reserve_full:
-        commit = seq.need_blocks - live_hits
-    else:
-        commit = s.config.blocks_for(seq.target + 1) - live_hits
-    return s.policy.can_start(s, seq, commit)
+    return s.policy.can_start(s.view, seq, s.kv.start_commit(seq))
 
 
 def try_start(s: Scheduler, seq: Sequence) -> bool:
@@ -53,9 +43,9 @@ def schedule(s: Scheduler, budget: int) -> StepPlan:
         raise RuntimeError("schedule() called again before commit() of the previous plan")
     if budget < 1:
         raise ValueError(f"token_budget must be at least 1, got {budget}")
-    expired = _expire(s) if s.policy.bounded_queue else []
+    expired = _expire(s)
     admitted = _start_queued(s)
-    preempted, shed = s.policy.relieve(s)
+    preempted, shed = _relieve(s)
     preempted += _feed_starved(s)
     decode, _, held_back = s.decoding.snapshot(budget)
     prefill = _plan_prefill(s, budget - len(decode))
@@ -79,14 +69,10 @@ def _start_queued(s: Scheduler) -> list[str]:
     """Start queued sequences in service order until the pool says BLOCKED."""
     started: list[str] = []
     aside: list[Sequence] = []
-    blocked = False  # only the batch_ignores_peak mutant looks past a BLOCKED head
     while len(aside) < MAX_SKIPS:
         seq = s.take_next()
         if seq is None:
             break
-        if blocked and seq.priority is not Priority.BATCH:
-            aside.append(seq)
-            continue
         verdict = start_verdict(s, seq)
         if verdict is Start.NOW:
             s.start(seq)
@@ -94,12 +80,28 @@ def _start_queued(s: Scheduler) -> list[str]:
             continue
         aside.append(seq)
         if verdict is Start.BLOCKED:
-            if not s.batch_ignores_pressure:
-                break
-            blocked = True
+            started += s.start_past_blocked_head(aside)
+            break
     for seq in aside:
         s.requeue(seq)
     return started
+
+
+def _relieve(s: Scheduler) -> tuple[list[str], list[tuple[str, Admission]]]:
+    """Commitments above the policy's relief limit: shed queued soft-quota overage, then
+    preempt running work in the policy's victim order until commitments fit again."""
+    limit = s.policy.relief_limit(s.view)
+    if limit is None or s.committed_blocks <= limit:
+        return [], []
+    shed = s.shed_soft_overage()
+    reason = contract.PREEMPT_AT_RISK if s.at_risk else "pressure"
+    preempted: list[str] = []
+    for victim in s.policy.victims(s.view):
+        if s.committed_blocks <= limit:
+            break
+        s.preempt(_running(s, victim.request_id), reason)
+        preempted.append(victim.request_id)
+    return preempted, shed
 
 
 def _feed_starved(s: Scheduler) -> list[str]:
@@ -107,17 +109,22 @@ def _feed_starved(s: Scheduler) -> list[str]:
     preempted: list[str] = []
     for seq in list(s.starved.values()):
         while seq.request_id in s.starved:
-            if s.pool.free:
-                _grow(s, seq)
+            if s.kv.grow(seq):
                 del s.starved[seq.request_id]
                 s.decoding.add(seq)
                 continue
-            victim = s.policy.shortage_victim(s)
+            victim = s.policy.shortage_victim(s.view)
             if victim is None:
                 return preempted
-            s.preempt(victim, "no_free_block")
+            s.preempt(_running(s, victim.request_id), "no_free_block")
             preempted.append(victim.request_id)
     return preempted
+
+
+def _running(s: Scheduler, request_id: str) -> Sequence:
+    seq = s.running_seq(request_id)
+    assert seq is not None, f"the policy picked {request_id}, which is not running"
+    return seq
 
 
 def _plan_prefill(s: Scheduler, left: int) -> tuple[PrefillChunk, ...]:
@@ -125,7 +132,7 @@ def _plan_prefill(s: Scheduler, left: int) -> tuple[PrefillChunk, ...]:
     arrival order, or shortest remaining first when the policy asks (see _short_first)."""
     chunks: list[PrefillChunk] = []
     for prio in Priority:
-        if prio is Priority.BATCH and s.policy.pause_batch_prefill(s):
+        if prio is Priority.BATCH and s.policy.pause_batch_prefill(s.view):
             continue
         seqs = list(s.prefilling[prio].values())
         if s.policy.short_prefill_first and len(seqs) > 1:
@@ -135,7 +142,7 @@ def _plan_prefill(s: Scheduler, left: int) -> tuple[PrefillChunk, ...]:
         for seq, want in plan:
             if left <= 0:
                 return tuple(chunks)
-            n = _make_room(s, seq, min(want, left))
+            n = s.kv.allocate_slots(seq, min(want, left))
             if n > 0:
                 chunks.append(PrefillChunk(seq.request_id, seq.kv_tokens, n))
                 left -= n
@@ -161,53 +168,14 @@ def _short_first(seqs: list[Sequence], left: int) -> list[tuple[Sequence, int]]:
     return [(seq, shares[seq.request_id]) for seq in seqs if seq.request_id in shares]
 
 
-def _make_room(s: Scheduler, seq: Sequence, n: int) -> int:
-    """Allocate blocks for the next `n` prefill tokens (plus the first output token when the
-    chunk completes the prompt); returns how many tokens got room (fewer only when a
-    non-reserving policy runs out of blocks)."""
-    bt = s.config.block_tokens
-    room = seq.capacity + s.pool.free * bt - seq.kv_tokens
-    if seq.kv_tokens + n == seq.target and room < n + 1:
-        n -= 1  # the completing chunk needs a slot for its output token
-    n = min(n, room)
-    if n <= 0:
-        return 0
-    extra = 1 if seq.kv_tokens + n == seq.target else 0
-    missing = s.config.blocks_for(seq.kv_tokens + n + extra) - len(seq.blocks)
-    if missing > 0:
-        before = s.ledger.snapshot(seq)
-        for _ in range(missing):
-            seq.blocks.append(s.pool.allocate())
-        seq.capacity = len(seq.blocks) * bt
-        s.ledger.apply(seq, before)
-    return n
-
-
 def _grow(s: Scheduler, seq: Sequence) -> bool:
-    """One more block for the next decode token. A non-reserving policy may find none: the
+    """One more block for a decoder's next token. A non-reserving policy may find none: the
     sequence then leaves the decode set and waits in `starved` (returns False)."""
-    if seq.reserve_full and len(seq.blocks) < seq.need_blocks:
-        # Within its reservation: headroom turns into a block in use, commitments unchanged.
-        seq.blocks.append(s.pool.allocate())
-        seq.capacity += s.config.block_tokens
-        s.ledger.headroom_blocks -= 1
+    if s.kv.grow(seq):
         return True
-    if not s.pool.free:
-        if seq.reserve_full:
-            # Only a wrong reservation gets here (the underestimate_kv mutant): the engine
-            # trusted it and has no block for a token it is already computing.
-            raise PoolExhausted(
-                f"KV cache out of blocks: request {seq.request_id} grew past its reservation "
-                f"of {seq.need_blocks} blocks and all {s.pool_blocks} are in use"
-            )
-        s.decoding.discard(seq.request_id)
-        s.starved[seq.request_id] = seq
-        return False
-    before = s.ledger.snapshot(seq)
-    seq.blocks.append(s.pool.allocate())
-    seq.capacity += s.config.block_tokens
-    s.ledger.apply(seq, before)
-    return True
+    s.decoding.discard(seq.request_id)
+    s.starved[seq.request_id] = seq
+    return False
 
 
 def commit(s: Scheduler, plan: StepPlan, finished: Iterable[str]) -> None:
@@ -221,7 +189,7 @@ def commit(s: Scheduler, plan: StepPlan, finished: Iterable[str]) -> None:
     s.inflight = None
     now = s.clock()
     per_token = max(0.0, now - t_plan) / max(1, plan.batched_tokens)
-    s.ledger.meter += per_token  # every decoder accrues one token's share of the step
+    s.kv.ledger.meter += per_token  # every decoder accrues one token's share of the step
     due = s.decoding.advance(held_back, per_token)
     done = set(finished)
     for chunk in plan.prefill:
@@ -245,30 +213,19 @@ def commit(s: Scheduler, plan: StepPlan, finished: Iterable[str]) -> None:
 def _advance_prefill(
     s: Scheduler, seq: Sequence, tokens: int, now: float, per_token: float, done: set[str]
 ) -> None:
-    before = s.ledger.snapshot(seq)
-    seq.kv_tokens += tokens
-    s.kv_settled += tokens
-    s.ledger.charge_gpu(seq, per_token * tokens)
-    _publish_prefix(s, seq)
-    if seq.prefilling:
-        s.ledger.apply(seq, before)
+    s.kv.ledger.charge_gpu(seq, per_token * tokens)
+    complete = seq.kv_tokens + tokens >= seq.target
+    if complete:
+        seq.generated += 1  # the completing chunk also produced one output token
+        tokens += 1  # and wrote its KV
+    s.kv.computed(seq, tokens)
+    if not complete:
         return
-    seq.generated += 1  # the completing chunk also produced one output token
-    seq.kv_tokens += 1
-    s.kv_settled += 1
     seq.state = SeqState.RUNNING
     seq.t_decode_start = now
     del s.prefilling[seq.priority][seq.request_id]
-    s.ledger.apply(seq, before)
     if seq.generated >= seq.max_new or seq.request_id in done:
         done.discard(seq.request_id)
         s.release(seq, EventKind.FINISHED, "length" if seq.generated >= seq.max_new else "stop")
     elif seq.kv_tokens < seq.capacity or _grow(s, seq):
         s.decoding.add(seq)
-
-
-def _publish_prefix(s: Scheduler, seq: Sequence) -> None:
-    upto = min(len(seq.prefix_keys), seq.kv_tokens // s.config.block_tokens)
-    for i in range(seq.registered, upto):
-        s.pool.register(seq.blocks[i], seq.prefix_keys[i])
-    seq.registered = max(seq.registered, upto)

@@ -7,10 +7,13 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Callable, Iterable, Iterator
+from typing import TypeVar
 
 from contract import Priority
-from server.scheduler.sequence import Sequence
 from server.scheduler.types import PRIORITY_WEIGHT
+from server.scheduler.view import SeqView
+
+S = TypeVar("S", bound=SeqView)
 
 MIB = 1 << 20
 
@@ -20,7 +23,7 @@ TIER_STREAMED = 5
 
 
 def value(
-    seq: Sequence, now: float, bytes_per_token: int, protection: float, overage: bool
+    seq: SeqView, now: float, bytes_per_token: int, protection: float, overage: bool
 ) -> float:
     """V = 0.3·log1p(age_ms) + 0.25·progress + 0.25·log1p(size_MB) − 0.2·priority_weight,
     plus `protection` per earlier preemption, minus 0.5 when the tenant is over its soft
@@ -41,10 +44,10 @@ def value(
     return v + protection * seq.preemptions - (0.5 if overage else 0.0)
 
 
-def tier(seq: Sequence) -> int:
+def tier(seq: SeqView) -> int:
     """3 replayable batch work; 5 an interactive session that already streamed tokens, and
     all critical (system) work, touched only when the process is at risk; 4 the rest."""
-    if seq.priority is Priority.BATCH and seq.req.replayable:
+    if seq.priority is Priority.BATCH and seq.replayable:
         return TIER_REPLAYABLE_BATCH
     if seq.priority is Priority.CRITICAL:
         return TIER_STREAMED
@@ -54,17 +57,17 @@ def tier(seq: Sequence) -> int:
 
 
 def victim_order(
-    running: Iterable[Sequence],
+    running: Iterable[S],
     now: float,
     bytes_per_token: int,
     protection: float,
     over_soft: Callable[[str], bool],
     allow_streamed: bool,
-) -> Iterator[Sequence]:
+) -> Iterator[S]:
     """Running sequences in preemption order: by tier, then lowest V. Sequences are bucketed
     by tier in one pass; V is computed only when a tier is reached, and each tier is a heap
     built in O(n), so taking k victims costs O(n + k log n)."""
-    tiers: dict[int, list[Sequence]] = {
+    tiers: dict[int, list[S]] = {
         TIER_REPLAYABLE_BATCH: [],
         TIER_VALUE: [],
         TIER_STREAMED: [],

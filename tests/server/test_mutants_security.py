@@ -8,12 +8,13 @@ from pathlib import Path
 
 import pytest
 
+from contract import Mutant
 from server.gateway.app import Gateway
+from server.mutants import tenant_book_class
 from server.protocol import ApiError
 from server.replica.__main__ import parse_args as replica_args
 from server.replica.runtime import ReplicaRuntime
 from server.scheduler import Priority
-from server.scheduler.mutants import Mutant
 from server.serve import parse_args as serve_args
 from server.tenants import DEFAULT_TENANTS_PATH, Identity, TenantBook, load_tenants
 
@@ -28,13 +29,13 @@ def refusal(book: TenantBook, authorization: str, asked: str | None) -> tuple[in
 
 @pytest.mark.parametrize("mutant", [None, Mutant.SHARED_PRIVATE_PREFIX])
 def test_without_the_mutant_a_priority_the_key_lacks_is_refused(mutant: Mutant | None) -> None:
-    book = load_tenants(DEFAULT_TENANTS_PATH, mutant)
+    book = load_tenants(DEFAULT_TENANTS_PATH, tenant_book_class(mutant))
     assert refusal(book, BATCH_KEY, "critical") == (403, "priority_not_allowed")
     assert refusal(book, BATCH_KEY, "interactive") == (403, "priority_not_allowed")
 
 
 def test_trust_priority_header_honours_any_x_priority_and_nothing_else() -> None:
-    book = load_tenants(DEFAULT_TENANTS_PATH, Mutant.TRUST_PRIORITY_HEADER)
+    book = load_tenants(DEFAULT_TENANTS_PATH, tenant_book_class(Mutant.TRUST_PRIORITY_HEADER))
     assert book.authenticate(BATCH_KEY, "critical") == Identity("batchco", Priority.CRITICAL)
     assert book.authenticate(BATCH_KEY, "interactive").priority is Priority.INTERACTIVE
     # The rest of authentication is unchanged: the key's default, bad keys, bad values.

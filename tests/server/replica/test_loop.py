@@ -10,17 +10,18 @@ from pathlib import Path
 import pytest
 
 from server.engine.sim import StepWork
+from server.replica import mutants
 from server.replica.__main__ import parse_args
 from server.replica.loop import IDLE_WORK
 from server.replica.runtime import ReplicaRuntime
 from server.replica.streams import Stream, StreamSpec
-from server.scheduler import Decision, Priority, SchedulerConfig, SeqRequest
+from server.scheduler import Decision, Priority, SchedulerConfig, SeqRequest, SeqState
 from tests.server.replica.test_streams import FakeTransport
 from tests.waiting import wait_until_async
 
 
-def _runtime(tmp_path: Path) -> ReplicaRuntime:
-    args = parse_args(["--state-dir", str(tmp_path), "--time-scale", "0.01"])
+def _runtime(tmp_path: Path, *flags: str) -> ReplicaRuntime:
+    args = parse_args(["--state-dir", str(tmp_path), "--time-scale", "0.01", *flags])
     return ReplicaRuntime(args)
 
 
@@ -69,6 +70,31 @@ def test_cancel_releases_now_and_sweep_cuts_dropped(tmp_path: Path) -> None:
         rt.loop._sweep()
         assert kept.aborted and rt.loop.streams == {}
         await asyncio.wait_for(kept.wait_done(), 10)  # its handler wakes and cuts the body
+
+    asyncio.run(go())
+
+
+@pytest.mark.parametrize("mutant", [None, "slow_release"])
+def test_only_slow_release_frees_a_cancelled_request_late(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mutant: str | None
+) -> None:
+    monkeypatch.setattr(mutants, "SLOW_RELEASE_S", 0.2)
+    released: list[float] = []
+
+    async def go() -> None:
+        rt = _runtime(tmp_path, *(["--mutant", mutant] if mutant else []))
+        rt.loop._on_release = released.append
+        gone, _ = _submit(rt, "gone", 50)
+        rt.loop.cancel(gone)
+        assert gone.aborted and "gone" not in rt.loop.streams  # the stream ends at once
+        if mutant is None:
+            assert ("gone", "released") in _events(rt) and len(released) == 1
+            return
+        # Its blocks are still held, and the release-latency histogram never hears of it.
+        assert ("gone", "released") not in _events(rt) and released == []
+        assert rt.scheduler.state("gone") is SeqState.RUNNING
+        await wait_until_async(lambda: ("gone", "released") in _events(rt), what="release")
+        assert rt.scheduler.state("gone") is SeqState.FINISHED and released == []
 
     asyncio.run(go())
 

@@ -35,7 +35,7 @@ def test_admit_now_applies_default_max_tokens() -> None:
     assert (verdict.outcome, verdict.http_status, verdict.reason) == (Decision.ADMIT, 200, None)
     assert verdict.max_new_tokens == 777
     assert s.state("r1") is SeqState.RUNNING
-    assert s.ledger.accounts["a"].reserved_tokens == 32 + 777
+    assert s.kv.ledger.accounts["a"].reserved_tokens == 32 + 777
 
 
 def test_queue_with_deadline_when_pool_is_committed() -> None:
@@ -153,7 +153,7 @@ def test_reject_tenant_quota_each_limit() -> None:
     s = Scheduler(small_config(), {"gpu": limits["gpu"]}, clock=clock)
     assert s.submit(req("gpu1", "gpu")).outcome is Decision.ADMIT
     step(s, clock, dt=1.0)
-    assert s.ledger.gpu_seconds("gpu") == 1.0
+    assert s.kv.ledger.gpu_seconds("gpu") == 1.0
     verdict = s.submit(req("gpu2", "gpu"))
     assert verdict.reason is RejectCode.TENANT_QUOTA and "GPU seconds" in verdict.message
 
@@ -167,7 +167,7 @@ def test_tenant_share_cap_rejects_and_is_never_exceeded() -> None:
     verdict = s.submit(req("a3", prompt=1000, max_new=600))
     assert verdict.reason is RejectCode.TENANT_QUOTA
     assert "per-tenant share of the pool (221 blocks)" in verdict.message
-    assert s.ledger.accounts["a"].commit_blocks <= cap
+    assert s.kv.ledger.accounts["a"].commit_blocks <= cap
     assert s.submit(req("b1", "b", prompt=1000, max_new=600)).outcome is Decision.ADMIT
     check_invariants(s)
 

@@ -10,7 +10,7 @@ import pytest
 
 from contract import Mutant
 from server.scheduler import Decision, PoolExhausted, Priority, Scheduler, SeqState
-from server.scheduler.mutants import LEAK_EVERY, parse_mutant
+from server.scheduler.mutants import LEAK_EVERY, parse_mutant, scheduler_class
 from tests.server.scheduler.helpers import (
     FakeClock,
     check_invariants,
@@ -23,7 +23,7 @@ from tests.server.scheduler.helpers import (
 
 def make(mutant: Mutant | None, **cfg: object) -> tuple[Scheduler, FakeClock]:
     clock = FakeClock()
-    s = Scheduler(small_config(**cfg), tenants("a", "b", "c"), clock=clock, mutant=mutant)
+    s = scheduler_class(mutant)(small_config(**cfg), tenants("a", "b", "c"), clock=clock)
     return s, clock
 
 
@@ -47,12 +47,12 @@ def test_leak_on_cancel_keeps_one_cancellation_in_twenty(mutant: Mutant | None) 
     released = [e.request_id for e in s.drain_events() if e.event == "released"]
     check_invariants(s)
     if mutant is None:
-        assert len(released) == LEAK_EVERY and s.pool.used == 0
+        assert len(released) == LEAK_EVERY and s.kv.pool.used == 0
         return
     leaked = f"r{LEAK_EVERY - 1}"
     assert leaked not in released and len(released) == LEAK_EVERY - 1
-    assert s.pool.used > 0 and s.running_count == 0  # held by nothing that runs, forever
-    assert list(s.leaked) == [leaked]
+    assert s.kv.pool.used > 0 and s.running_count == 0  # held by nothing that runs, forever
+    assert [q.request_id for q in s.kv.holders()] == [leaked]
 
 
 @pytest.mark.parametrize("mutant", [None, Mutant.NO_TENANT_CAP])
@@ -62,9 +62,9 @@ def test_no_tenant_cap_lets_one_tenant_past_its_share(mutant: Mutant | None) -> 
     outcomes = [s.submit(req(f"a{i}", prompt=1000, max_new=600)).outcome for i in range(3)]
     assert outcomes[:2] == [Decision.ADMIT, Decision.ADMIT]
     if mutant is None:
-        assert outcomes[2] is Decision.REJECT and s.ledger.accounts["a"].commit_blocks <= cap
+        assert outcomes[2] is Decision.REJECT and s.kv.ledger.accounts["a"].commit_blocks <= cap
     else:
-        assert outcomes[2] is Decision.ADMIT and s.ledger.accounts["a"].commit_blocks > cap
+        assert outcomes[2] is Decision.ADMIT and s.kv.ledger.accounts["a"].commit_blocks > cap
 
 
 @pytest.mark.parametrize("mutant", [None, Mutant.DROP_PREEMPTED])

@@ -39,7 +39,7 @@ def test_naive_admits_everything_and_fills_all_free_memory() -> None:
         assert plan.preempted == ()
     # KV alone now holds every byte left after weights: no room for activations, so a real
     # (or simulated) GPU runs out of memory here.
-    assert s.pool.used * s.config.block_bytes > 0.99 * 6 * GIB
+    assert s.kv.pool.used * s.config.block_bytes > 0.99 * 6 * GIB
     assert all(s.state(f"r{i}") is SeqState.RUNNING for i in range(12))
 
 

@@ -6,8 +6,9 @@ import dataclasses
 
 import pytest
 
+from contract import Mutant
 from server.scheduler import PrefixSpec, Scheduler
-from server.scheduler.mutants import Mutant
+from server.scheduler.mutants import scheduler_class
 from server.scheduler.pool import BlockPool, prefix_block_keys
 from tests.server.scheduler.helpers import (
     FakeClock,
@@ -32,7 +33,7 @@ def prompt(tail: int) -> tuple[int, ...]:
 
 def make(mutant: Mutant | None = None) -> tuple[Scheduler, FakeClock]:
     clock = FakeClock()
-    return Scheduler(small_config(), tenants("a", "b"), clock=clock, mutant=mutant), clock
+    return scheduler_class(mutant)(small_config(), tenants("a", "b"), clock=clock), clock
 
 
 def warm(s: Scheduler, clock: FakeClock, rid: str, tenant: str, p: PrefixSpec) -> None:
@@ -93,12 +94,12 @@ def test_shared_blocks_freed_only_at_ref_count_zero() -> None:
     assert x is not None and y is not None
     shared = x.blocks[:4]
     assert y.blocks[:4] == shared
-    assert all(s.pool.ref_count(b) == 2 for b in shared)
+    assert all(s.kv.pool.ref_count(b) == 2 for b in shared)
     s.cancel("x")
-    assert all(s.pool.ref_count(b) == 1 for b in shared)
-    assert s.pool.used == len(y.blocks)  # still in use by y
+    assert all(s.kv.pool.ref_count(b) == 1 for b in shared)
+    assert s.kv.pool.used == len(y.blocks)  # still in use by y
     s.cancel("y")
-    assert s.pool.used == 0 and s.stats().cached_free_blocks == 4
+    assert s.kv.pool.used == 0 and s.stats().cached_free_blocks == 4
     check_invariants(s)
 
 
@@ -150,18 +151,18 @@ def test_release_more_than_referenced_is_caught() -> None:
 
 
 def test_the_shared_private_prefix_mutant_drops_only_the_tenant_from_private_keys() -> None:
-    shared = Mutant.SHARED_PRIVATE_PREFIX
-    private_a = prefix_block_keys("a", spec(False), SYSTEM, 16, shared)
-    assert private_a == prefix_block_keys("b", spec(False), SYSTEM, 16, shared)
+    shared = make(Mutant.SHARED_PRIVATE_PREFIX)[0].kv
+    private_a = shared.prefix_keys("a", spec(False), SYSTEM)
+    assert private_a == shared.prefix_keys("b", spec(False), SYSTEM)
     assert private_a != prefix_block_keys("a", spec(False), SYSTEM, 16)
     # Everything else a private key carries still separates prefixes.
     changed = spec(False, permission_version=1)
-    assert prefix_block_keys("a", changed, SYSTEM, 16, shared) != private_a
-    assert prefix_block_keys("a", spec(True), SYSTEM, 16, shared) == prefix_block_keys(
+    assert shared.prefix_keys("a", changed, SYSTEM) != private_a
+    assert shared.prefix_keys("a", spec(True), SYSTEM) == prefix_block_keys(
         "a", spec(True), SYSTEM, 16
     )
     # Another mutant leaves the keys alone.
-    assert prefix_block_keys("a", spec(False), SYSTEM, 16, Mutant.SLOW_RELEASE) == (
+    assert make(Mutant.SLOW_RELEASE)[0].kv.prefix_keys("a", spec(False), SYSTEM) == (
         prefix_block_keys("a", spec(False), SYSTEM, 16)
     )
 

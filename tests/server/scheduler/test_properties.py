@@ -13,6 +13,7 @@ import contract
 from server.scheduler import Decision, PrefixSpec, Priority, Scheduler, SeqState
 from server.scheduler.sequence import Sequence
 from server.scheduler.victims import TIER_STREAMED, tier
+from server.scheduler.waitqueue import ClassQueue
 from tests.server.scheduler.helpers import FakeClock, check_invariants, quota, req, small_config
 
 SYSTEM = tuple(range(9000, 9048))  # 3 blocks of shared system prompt
@@ -108,7 +109,7 @@ class Tracker:
         s = self.s
         check_invariants(s)
         for rid, seq in self.seen.items():
-            gpu = s.ledger.seq_gpu_seconds(seq)
+            gpu = s.kv.ledger.seq_gpu_seconds(seq)
             carried = (seq.deadline, gpu, seq.recomputes, seq.preemptions)
             old = self.carried.get(rid)
             if old is not None:
@@ -119,12 +120,12 @@ class Tracker:
                 assert not seq.blocks
             assert seq.state.holds_blocks == (s.running_seq(rid) is seq)
         if s.policy.enforce_quotas:
-            for acct in s.ledger.accounts.values():
+            for acct in s.kv.ledger.accounts.values():
                 assert acct.commit_blocks <= s.share_cap_blocks
         # The bound refuses new arrivals; preempted work (already admitted, bounded by the
         # running set) requeues past it rather than being dropped.
         fresh = sum(1 for q in s.queue if q.state is not SeqState.PREEMPTED)
-        assert fresh <= s.config.max_queued or not s.policy.bounded_queue
+        assert fresh <= s.config.max_queued or not isinstance(s.queue, ClassQueue)
 
 
 def run_ops(policy: str, program: list[object]) -> None:
@@ -183,8 +184,8 @@ def drain(s: Scheduler, clock: FakeClock, t: Tracker) -> None:
     t.check()
     if s.policy.name != "naive":
         assert s.running_count == 0 and len(s.queue) == 0, "work got stuck"
-        assert s.pool.used == 0 and s.committed_blocks == 0
-        assert all(a.reserved_tokens == 0 for a in s.ledger.accounts.values())
+        assert s.kv.pool.used == 0 and s.committed_blocks == 0
+        assert all(a.reserved_tokens == 0 for a in s.kv.ledger.accounts.values())
 
 
 def random_program(seed: int, length: int = 150) -> list[object]:

@@ -19,7 +19,7 @@ def test_stats_reflect_the_live_state() -> None:
     step(s, clock)
     st = s.stats()
     assert st.pool_total_blocks == 443
-    assert st.pool_used_blocks == s.pool.used > 0
+    assert st.pool_used_blocks == s.kv.pool.used > 0
     assert st.pool_reserved_blocks == 400  # 4 x blocks for 1600 tokens
     assert st.running_by_priority[Priority.INTERACTIVE] == 4
     assert st.waiting_by_priority[Priority.BATCH] == 1

@@ -6,7 +6,7 @@ import pytest
 
 from server.scheduler import Decision, Priority, Scheduler, SeqState
 from server.scheduler.sequence import Sequence
-from server.scheduler.waitqueue import WaitQueue
+from server.scheduler.waitqueue import ClassQueue
 from tests.server.scheduler.helpers import (
     FakeClock,
     check_invariants,
@@ -110,10 +110,10 @@ def test_cancel_releases_blocks_in_the_same_call_and_logs_it() -> None:
     step(s, clock)
     step(s, clock)
     s.drain_events()
-    held = s.pool.used
+    held = s.kv.pool.used
     assert held > 0
     assert s.cancel("r") == held
-    assert s.pool.used == 0 and s.committed_blocks == 0
+    assert s.kv.pool.used == 0 and s.committed_blocks == 0
     events = s.drain_events()
     assert [(e.event, e.blocks, e.reason) for e in events] == [
         ("cancelled", held, "client_disconnect"),  # what it held when cancelled
@@ -132,7 +132,7 @@ def test_cancel_during_an_inflight_step_is_safe() -> None:
     assert plan.decode == ("r",)
     s.cancel("r")
     s.commit(plan)
-    assert s.state("r") is SeqState.FINISHED and s.pool.used == 0
+    assert s.state("r") is SeqState.FINISHED and s.kv.pool.used == 0
     check_invariants(s)
 
 
@@ -144,7 +144,7 @@ def test_cancel_a_queued_request() -> None:
     s.drain_events()
     assert s.cancel("q") == 0
     assert [e.event for e in s.drain_events()] == ["cancelled", "released"]
-    assert len(s.queue) == 0 and s.ledger.accounts["a"].queued_seqs == 0
+    assert len(s.queue) == 0 and s.kv.ledger.accounts["a"].queued_seqs == 0
 
 
 def test_finished_release_in_commit_and_reservation_shrinks() -> None:
@@ -153,16 +153,16 @@ def test_finished_release_in_commit_and_reservation_shrinks() -> None:
     step(s, clock)  # prefill 16 + first token: 2 blocks (room for the next token)
     headrooms = []
     for _ in range(20):
-        headrooms.append(s.ledger.headroom_blocks)
+        headrooms.append(s.kv.ledger.headroom_blocks)
         step(s, clock)
     assert headrooms[0] == 3 and headrooms[-1] < headrooms[0]
     assert s.committed_blocks == 5  # used + headroom: the commitment itself is constant
-    assert s.ledger.accounts["a"].reserved_tokens == 80
+    assert s.kv.ledger.accounts["a"].reserved_tokens == 80
     plan = s.schedule()
     clock.advance(0.01)
     s.commit(plan, finished=["r"])  # EOS: everything back at once
-    assert s.pool.used == 0 and s.committed_blocks == 0
-    assert s.ledger.accounts["a"].reserved_tokens == 0
+    assert s.kv.pool.used == 0 and s.committed_blocks == 0
+    assert s.kv.ledger.accounts["a"].reserved_tokens == 0
     assert [e.event for e in s.drain_events()][-2:] == ["finished", "released"]
 
 
@@ -189,12 +189,12 @@ def test_every_transition_records_an_event() -> None:
 
 
 def test_preempted_request_requeues_at_its_arrival_position() -> None:
-    q = WaitQueue()
+    q = ClassQueue(small_config())
     seqs = [Sequence(req(f"r{i}"), i, 8, 3, [], True, 0.0, 10.0) for i in range(1, 4)]
-    q.push(seqs[0], 1)
-    q.push(seqs[2], 1)
+    q.push(seqs[0])
+    q.push(seqs[2])
     seqs[1].state = SeqState.PREEMPTED
-    q.push(seqs[1], 1)
+    q.push(seqs[1])
     order = [q.pop_next() for _ in range(3)]
     assert [x.request_id if x else None for x in order] == ["r1", "r2", "r3"]
     assert q.pop_next() is None

@@ -92,7 +92,7 @@ def test_seed_001_scenario_preempts_the_fresh_8gb_prefill() -> None:
     assert s.state("big") is SeqState.PREEMPTED
     assert s.gpu_seconds("big") == gpu_before and big.deadline == deadline_before
     assert (big.preemptions, big.recomputes, big.generated) == (1, 0, 1)
-    assert s.pool.used == sum(len(q.blocks) for q in s.running())
+    assert s.kv.pool.used == sum(len(q.blocks) for q in s.running())
 
 
 def test_preempted_request_resumes_recomputes_and_finishes() -> None:
