@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass
 from enum import StrEnum
 from types import MappingProxyType
-from typing import Final
+from typing import TYPE_CHECKING, Final, Literal, get_args
 
 # The enums and records, re-exported: `from contract import Outcome`. Their groupings
 # (contract.enums), the percentile (contract.quantiles) and the seed's numbers
@@ -42,7 +42,7 @@ from contract.seed import SEED
 # a run made before a class was retired still reads. The classes themselves are not listed
 # here: each is a user class of workloads/users/ that registers itself, and says which of
 # these its records carry; tests/workloads/test_registry.py keeps the two equal.
-TRAFFIC_CLASSES: Final = (
+TrafficClassName = Literal[
     "short_qa",
     "long_context",
     "long_output",
@@ -52,22 +52,34 @@ TRAFFIC_CLASSES: Final = (
     "tenant_burst",
     "batch",
     "security_probe",
-)
+]
+TRAFFIC_CLASSES: Final[tuple[TrafficClassName, ...]] = get_args(TrafficClassName)
 # The values of the enums, for Literal annotations and argparse choices (whose messages
 # show a member as its repr); Priority's are in rank order, highest first.
 PRIORITIES: Final = tuple(p.value for p in Priority)
 OUTCOMES: Final = tuple(o.value for o in Outcome)
 REJECT_CODES: Final = tuple(c.value for c in RejectCode)
 SERVER_EVENT_KINDS: Final = tuple(k.value for k in EventKind)
+# A priority's value, for a Literal annotation: pydantic validates it; mypy cannot read a
+# Literal built at run time, so to it the value is the str it is.
+if TYPE_CHECKING:
+    PriorityName = str
+else:
+    PriorityName = Literal[PRIORITIES]
 
 # -- the system under test ------------------------------------------------------------------
 
-POLICIES: Final = ("seed", "vllm", "tgi", "naive")
-GPUS: Final = ("h100-80gb", "h200-141gb", "a100-80gb")
-MODELS: Final = ("llama-3-8b", "llama-3-70b", "qwen2.5-7b")
-DEFAULT_POLICY: Final = "seed"
-DEFAULT_GPU: Final = "h100-80gb"
-DEFAULT_MODEL: Final = "llama-3-8b"
+# Each list is a Literal type, so a plan's field is annotated with it and mypy checks the
+# defaults; the tuple of its values is for argparse choices and messages.
+PolicyName = Literal["seed", "vllm", "tgi", "naive"]
+GpuName = Literal["h100-80gb", "h200-141gb", "a100-80gb"]
+ModelName = Literal["llama-3-8b", "llama-3-70b", "qwen2.5-7b"]
+POLICIES: Final[tuple[PolicyName, ...]] = get_args(PolicyName)
+GPUS: Final[tuple[GpuName, ...]] = get_args(GpuName)
+MODELS: Final[tuple[ModelName, ...]] = get_args(ModelName)
+DEFAULT_POLICY: Final[PolicyName] = "seed"
+DEFAULT_GPU: Final[GpuName] = "h100-80gb"
+DEFAULT_MODEL: Final[ModelName] = "llama-3-8b"
 
 # -- mutants: realistic scheduler and server bugs the reference server can carry ---------------
 # Off by default; `kvgate serve --mutant NAME` (or a plan's `target.mutant`) switches one on.
@@ -146,6 +158,12 @@ _SPECS: Final = MappingProxyType(
 # Every mutant's spec by its name (plain text keys: a plan's Literal and an argparse choice
 # show them as written).
 MUTANTS: Final = MappingProxyType({m.value: _SPECS[m] for m in Mutant})
+# A mutant's name, for a plan's field: a Literal of MUTANTS' keys, which pydantic validates.
+# mypy cannot read a Literal built at run time, so to it the name is the str it is.
+if TYPE_CHECKING:
+    MutantName = str
+else:
+    MutantName = Literal[tuple(MUTANTS)]
 
 # The reason a `preempted` event gives when the replica's own usage was past the hard
 # watermark (it could run out of memory): the one case in which the seed policy may take
@@ -206,3 +224,9 @@ TOXIC_ATTRIBUTES: Final = MappingProxyType(
     }
 )
 TOXIC_TYPES: Final = tuple(TOXIC_ATTRIBUTES)
+# A toxic's type, for a fault's field: a Literal of TOXIC_TYPES, which pydantic validates
+# (to mypy, which cannot read a Literal built at run time, the str it is).
+if TYPE_CHECKING:
+    ToxicType = str
+else:
+    ToxicType = Literal[TOXIC_TYPES]

@@ -14,6 +14,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NoReturn
 
 from gates.evaluator import evaluate_run
 from gates.rundir import RunDirError, unwritable
@@ -24,7 +25,7 @@ from gates.verdict import EXIT_USAGE, Verdict
 class _Parser(argparse.ArgumentParser):
     """argparse that raises instead of exiting, so main() returns the usage code."""
 
-    def error(self, message: str) -> None:  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         raise GateUsageError(f"{self.prog}: {message}\n{self.format_usage().strip()}")
 
 

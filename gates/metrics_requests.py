@@ -279,8 +279,9 @@ def _abandoned(events: pd.DataFrame, rows: pd.DataFrame, t_end: np.ndarray) -> n
         return np.zeros(len(rows), dtype=bool)
     last = released.groupby(["request_id", "replica"], sort=False)["t"].max()
     keys = pd.MultiIndex.from_arrays([rows["request_id"], rows["replica"]])
-    t_released = last.reindex(keys).to_numpy(dtype=float)  # NaN: never released there
-    return t_end - t_released > DEATH_SLACK_S
+    t_released: np.ndarray = last.reindex(keys).to_numpy(dtype=float)  # NaN: never released there
+    abandoned: np.ndarray = t_end - t_released > DEATH_SLACK_S
+    return abandoned
 
 
 @metric(

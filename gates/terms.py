@@ -13,7 +13,7 @@ import re
 from collections.abc import Callable
 from decimal import Decimal
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 
@@ -105,8 +105,8 @@ class GateFilter(BaseModel):
     """Which records a gate looks at; `window` is a named time window of the run."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    traffic_class: list[Literal[contract.TRAFFIC_CLASSES]] | None = None  # type: ignore[valid-type]
-    priority: list[Literal[contract.PRIORITIES]] | None = None  # type: ignore[valid-type]
+    traffic_class: list[contract.TrafficClassName] | None = None
+    priority: list[contract.PriorityName] | None = None
     tenant: list[str] | None = None
     window: str = "all"
 

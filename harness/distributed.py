@@ -25,6 +25,7 @@ from typing import Any
 import gevent
 from locust.env import Environment
 from locust.rpc import Message
+from locust.runners import MasterRunner
 
 from harness.plan import Plan
 from harness.sink import record_row
@@ -193,16 +194,14 @@ class LocalWorkers:
                     proc.wait(timeout=5)
 
 
-def wait_for_workers(environment: Environment, count: int, timeout_s: float) -> None:
+def wait_for_workers(runner: MasterRunner, count: int, timeout_s: float) -> None:
     """Block until `count` workers are connected and ready, or raise with what was seen."""
-    runner = environment.runner
-    assert runner is not None
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if len(runner.clients.ready) >= count:  # type: ignore[attr-defined]
+        if len(runner.clients.ready) >= count:
             return
         gevent.sleep(0.2)
-    ready = len(runner.clients.ready)  # type: ignore[attr-defined]
+    ready = len(runner.clients.ready)
     raise RuntimeError(
         f"only {ready} of {count} Locust workers connected within {timeout_s:.0f}s; start "
         "workers with `kvgate run PLAN --worker --master HOST:PORT` (see worker*.log)"
@@ -218,8 +217,8 @@ def run_worker(plan: Plan, master: str, max_lifetime_s: float) -> int:
     hook = install_record_hook(environment)
     runner = environment.create_worker_runner(host or "127.0.0.1", int(port))
     install_worker_relay(environment, hook)
-    runner.greenlet.join(timeout=max_lifetime_s)
-    if not runner.greenlet.dead:
+    # the runner's greenlet is a Group: join says whether it emptied within the time
+    if not runner.greenlet.join(timeout=max_lifetime_s):
         log.error("worker outlived the plan by far (%.0fs); quitting", max_lifetime_s)
         runner.quit()
         return 1

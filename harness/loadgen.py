@@ -119,7 +119,7 @@ class LoadGenerator:
             )
             self.workers.start()
         expected = max(self.layout.expect_workers, self.layout.processes)
-        wait_for_workers(self.env, expected, WORKER_CONNECT_TIMEOUT_S)
+        wait_for_workers(runner, expected, WORKER_CONNECT_TIMEOUT_S)
 
     @property
     def users(self) -> int:

@@ -37,7 +37,7 @@ from harness.live.watch import RunWatch
 from harness.live.web import LiveState, start_web_ui
 from harness.loadgen import Distribution, LoadGenerator
 from harness.plan import ExternalTarget, Plan, VllmTarget
-from harness.release_probe import ProbeSpec, prompt_tokens_for, run_probes
+from harness.release_probe import PROBE_MAX_TOKENS, ProbeSpec, prompt_tokens_for, run_probes
 from harness.samplers.nvml import describe_gpus, load_pynvml
 from harness.samplers.process import SamplerConfig
 from harness.sink import RecordSink
@@ -350,7 +350,7 @@ class Orchestrator:
             return
         assert self.progress is not None and self.target is not None
         self.progress.phase = "release probe"
-        max_tokens = ProbeSpec.max_tokens
+        max_tokens = PROBE_MAX_TOKENS
         tokens = prompt_tokens_for(
             probe.prompt_tokens, self._max_model_len(), max_tokens, self.sink.prompt_ratio()
         )

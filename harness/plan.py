@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal, get_args
 
 import yaml
 from pydantic import (
@@ -31,7 +31,8 @@ from harness.faults.registry import FAULT_MODELS, Fault
 if TYPE_CHECKING:
     from workloads.users import KvgateUser
 
-SHAPES = ("constant", "step_ramp", "soak", "peak_trough")
+ShapeName = Literal["constant", "step_ramp", "soak", "peak_trough"]
+SHAPES: tuple[ShapeName, ...] = get_args(ShapeName)
 
 
 class PlanError(ValueError):
@@ -47,15 +48,15 @@ class ReferenceTarget(_Strict):
 
     type: Literal["reference"] = "reference"
     replicas: int = Field(2, ge=1, le=8)
-    policy: Literal[contract.POLICIES] = contract.DEFAULT_POLICY
-    gpu: Literal[contract.GPUS] = contract.DEFAULT_GPU
-    model: Literal[contract.MODELS] = contract.DEFAULT_MODEL
+    policy: contract.PolicyName = contract.DEFAULT_POLICY
+    gpu: contract.GpuName = contract.DEFAULT_GPU
+    model: contract.ModelName = contract.DEFAULT_MODEL
     scheduler_config: str | None = None  # path to a scheduler YAML, relative to the plan
     scheduler: dict[str, Any] = Field(default_factory=dict)  # inline scheduler config keys
     tenants: str | None = None  # path to a tenants YAML, relative to the plan
     time_scale: float | None = Field(None, gt=0)
     kv_actual_factor: float | None = Field(None, gt=0)
-    mutant: Literal[tuple(contract.MUTANTS)] | None = None  # a named bug, for `kvgate qualify`
+    mutant: contract.MutantName | None = None  # a named bug, for `kvgate qualify`
     extra_args: list[str] = Field(default_factory=list)  # passed to `server.serve` verbatim
     startup_timeout_s: float = Field(60.0, gt=0, le=600)
     admin_key: str = "kvg-admin-key"
@@ -145,6 +146,8 @@ class VllmTarget(ExternalTarget):
     model that `make vllm` sets up; on a GPU host, `python` and `model` name a CUDA vLLM and a
     real model (docs/real-engines.md)."""
 
+    # a narrower tag than ExternalTarget's, as a discriminated union needs; mypy reads the
+    # override as a change of the field's type
     type: Literal["vllm"] = "vllm"  # type: ignore[assignment]
     url: str = "http://127.0.0.1:0"  # the port is chosen when the server starts (0: free one)
     kind: str = "vllm"
@@ -268,7 +271,7 @@ class StopIfFailing(_Strict):
 class Load(_Strict):
     """Shape and duration. `constant` holds `users`; the others use the workloads' shapes."""
 
-    shape: Literal[SHAPES] = "constant"
+    shape: ShapeName = "constant"
     users: int = Field(8, ge=1, le=2000)
     spawn_rate: float = Field(4.0, gt=0)
     duration_s: float = Field(60.0, gt=0, le=86400)

@@ -32,6 +32,7 @@ from harness.samplers.http import request
 Row = dict[str, object]
 PROBE_METRIC = "kvgate_release_probe_seconds"
 UNRESOLVED_METRIC = "kvgate_release_probe_unresolved"
+PROBE_MAX_TOKENS = 256  # a probe's output allowance; its prompt is sized to leave room for it
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,7 +44,7 @@ class ProbeSpec:
     gauge_names: Sequence[str]  # the profile's kv_usage names, the first one seen is used
     metrics_token: str | None = None
     prompt: str = ""
-    max_tokens: int = 256
+    max_tokens: int = PROBE_MAX_TOKENS
     hz: float = 20.0
     wait_s: float = 10.0  # longest wait for the gauge to show the request, then its release
 

@@ -150,7 +150,9 @@ def _sigterm_interrupts() -> None:
     import gevent
 
     def interrupt() -> None:
-        gevent.get_hub().parent.throw(KeyboardInterrupt("SIGTERM"))
+        main = gevent.get_hub().parent
+        assert main is not None, "the hub runs under the main greenlet"
+        main.throw(KeyboardInterrupt("SIGTERM"))
 
     gevent.signal_handler(signal.SIGTERM, interrupt)
 

@@ -10,6 +10,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NoReturn
 
 from gates.rundir import RunDirError, load_run, unwritable
 from gates.spec import GateSpecError
@@ -30,7 +31,7 @@ class UsageError(Exception):
 class Parser(argparse.ArgumentParser):
     """argparse that raises instead of exiting, so main() can return the usage exit code."""
 
-    def error(self, message: str) -> None:  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         raise UsageError(f"{self.prog}: {message}\n{self.format_usage().strip()}")
 
 

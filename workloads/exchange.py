@@ -221,7 +221,8 @@ class Exchange:
     def _stream_in_callback(self, events: EventStream) -> float:
         """Handles every read in the event loop's callback and wakes this greenlet once, at
         the end of the stream (or with the exception that ended it)."""
-        conn, waiter = self._connection, Waiter()
+        conn = self._connection
+        waiter: Waiter[float] = Waiter()
 
         def on_readable() -> None:
             try:

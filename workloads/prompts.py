@@ -13,6 +13,10 @@ import random
 import threading
 from collections import OrderedDict
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # imported when a tokenizer file is there to load
+    from tokenizers import Tokenizer
 
 DEFAULT_TOKENIZER_PATH = (
     Path(__file__).resolve().parent.parent / "server" / "tokenizer" / "kvgate-bpe.json"
@@ -92,7 +96,7 @@ class PromptGenerator:
         return single, self.count(" ".join(sample)) == _CHECK_SAMPLE
 
 
-def _load_tokenizer(path: Path | None):  # type: ignore[no-untyped-def]
+def _load_tokenizer(path: Path | None) -> Tokenizer | None:
     if path is None or not path.is_file():
         return None
     from tokenizers import Tokenizer

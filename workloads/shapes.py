@@ -34,7 +34,10 @@ from contract import Outcome, RequestRecord
 from contract.quantiles import censored_latency, percentile
 from workloads.records import install_record_hook
 
-Tick = tuple[int, float] | tuple[int, float, list[type[User]] | None] | None
+# What a shape's tick returns: users and spawn rate, and the user classes the step runs
+# (None: all of them); a tick of None ends the run.
+Step = tuple[int, float] | tuple[int, float, list[type[User]] | None]
+Tick = Step | None
 # Beyond its ramp time, how long a transition step may wait for the runner to reach its count.
 STEP_GRACE_S = 5.0
 
@@ -53,6 +56,11 @@ class RecordingShape(LoadTestShape):
     def reset_time(self) -> None:
         super().reset_time()
         self.epoch_start = time.time()
+
+    def get_run_time(self) -> float:
+        """Seconds since the shape's clock started (Locust's clock, which is unannotated)."""
+        run_time: float = super().get_run_time()
+        return run_time
 
     def now_epoch(self) -> float:
         return self.epoch_start + self.get_run_time()
@@ -363,7 +371,7 @@ class PeakTroughShape(RecordingShape):
 
     def __init__(self) -> None:
         super().__init__()
-        self._steps: list[Tick] = []
+        self._steps: list[Step] = []
         self._running = (0, 0)  # (online, batch) users the last completed phase asked for
         self._step_since: float | None = None  # run time the current transition step began
 
@@ -411,12 +419,12 @@ class PeakTroughShape(RecordingShape):
             self._step_since = now
         return self._steps[0]
 
-    def _transition(self, now: tuple[int, int], target: tuple[int, int]) -> list[Tick]:
+    def _transition(self, now: tuple[int, int], target: tuple[int, int]) -> list[Step]:
         online_classes, batch_classes = self._split_classes()
         (online_now, batch_now), (online, batch) = now, target
         if not batch_classes:
             return [(online, self.spawn_rate, online_classes)]
-        steps: list[Tick] = []
+        steps: list[Step] = []
         if batch_now:
             steps.append((online_now, self.spawn_rate, batch_classes))
         steps.append((online, self.spawn_rate, online_classes))

@@ -27,7 +27,7 @@ from typing import Any
 from urllib.parse import urlparse
 from urllib.request import Request, urlopen
 
-import psutil  # type: ignore[import-untyped]
+import psutil
 
 from harness.bench.base import Bench, BenchUsageError, run, show_fields, start_process, stop_process
 
@@ -72,7 +72,9 @@ def _read_loop(host: str, port: int, payloads: list[bytes], seconds: float) -> i
                 sock.close()
                 sel.register(_open(host, port, payloads[key.data]), selectors.EVENT_READ, key.data)
     for key in list(sel.get_map().values()):
-        key.fileobj.close()  # type: ignore[union-attr]
+        sock = key.fileobj
+        assert isinstance(sock, socket.socket)
+        sock.close()
     return events
 
 

@@ -76,7 +76,8 @@ class ReplicaAdminAPI(Protocol):
     gateway's admin API, or a managed engine. `restart_limit_s` bounds a whole restart
     (the death noticed, the restart, health again)."""
 
-    restart_limit_s: float
+    @property
+    def restart_limit_s(self) -> float: ...
 
     def replica(self, replica_id: str) -> dict[str, Any]: ...
 

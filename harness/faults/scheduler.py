@@ -9,6 +9,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 
 import gevent
 from gevent.event import Event
+from greenlet import greenlet
 
 from harness.faults.base import (
     ActionFactory,
@@ -55,8 +56,9 @@ class FaultScheduler:
         self.failed = 0
         # what each fault whose rollback did not finish left behind ("r0: restart ...")
         self.unfinished_rollbacks: list[str] = []
-        self._greenlets: list[gevent.Greenlet] = []
-        self._phase: dict[gevent.Greenlet, str] = {}  # apply | hold | rollback
+        self._greenlets: list[gevent.Greenlet[..., None]] = []
+        # apply | hold | rollback, by the greenlet that runs the fault (gevent.getcurrent())
+        self._phase: dict[greenlet, str] = {}
         self._ending = Event()  # set by stop(): holds end now, rollbacks run
 
     def start(self, load_start_monotonic: float) -> None:
@@ -89,9 +91,9 @@ class FaultScheduler:
         included) up to the longest rollback's limit: the run must not end with the server
         still coming back. A rollback still running then is interrupted, and its row says so."""
         self._ending.set()
-        for greenlet in self._greenlets:
-            if self._phase.get(greenlet, "apply") == "apply":  # also: not yet begun
-                greenlet.kill(block=False)  # one being applied rolls back what it began
+        for g in self._greenlets:
+            if self._phase.get(g, "apply") == "apply":  # also: not yet begun
+                g.kill(block=False)  # one being applied rolls back what it began
         running = [g for g in self._greenlets if g.started and not g.dead]
         limit = max((a.rollback_limit_s for a in self.actions), default=0.0) + STOP_GRACE_S
         gevent.joinall(running, timeout=limit)

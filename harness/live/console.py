@@ -115,7 +115,7 @@ class Progress:
         self.faults = faults
         self.phase = "starting"
         self.t0 = time.monotonic()
-        self._greenlet: gevent.Greenlet | None = None
+        self._greenlet: gevent.Greenlet[[], None] | None = None
         self._live: Live | None = None
         self._last_line = ""
 

@@ -45,7 +45,8 @@ def load_pynvml() -> ModuleType | None:
         pynvml.nvmlInit()
     except Exception:  # NVMLError_LibraryNotFound, DriverNotLoaded, ... all mean "no GPU here"
         return None
-    return pynvml
+    module: ModuleType = pynvml  # pynvml publishes no types: to mypy it is Any
+    return module
 
 
 def describe_gpus(nvml: ModuleType | None) -> list[dict[str, Any]]:

@@ -120,6 +120,11 @@ def _died(t: float, pid: int, role: str) -> Row:
     }
 
 
+def _pid(value: object) -> int | None:
+    """A replica's pid from the ready file: an integer, or null while it has none."""
+    return value if isinstance(value, int) else None
+
+
 def read_pidfile(path: str) -> int | None:
     try:
         pid = int(Path(path).read_text().strip())
@@ -180,8 +185,7 @@ class SamplerProcess:
         self.events = TableWriter(run_dir, schema.SERVER_EVENTS)
         self.stop = threading.Event()
         replicas = [
-            Replica(str(r["id"]), str(r["url"]), r.get("pid"))  # type: ignore[arg-type]
-            for r in config.replicas
+            Replica(str(r["id"]), str(r["url"]), _pid(r.get("pid"))) for r in config.replicas
         ]
         self.table = ReplicaTable(replicas)
         self.collector = (

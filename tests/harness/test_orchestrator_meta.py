@@ -7,14 +7,19 @@ import io
 import json
 from pathlib import Path
 
+import pytest
 from rich.console import Console
 
 from contract import servers
 from gates import run_profile, schema
 from gates.rundir import load_run
+from harness import orchestrator as orchestrator_module
+from harness.live.console import Progress
 from harness.loadgen import Distribution
 from harness.orchestrator import Orchestrator
 from harness.plan import load_plan
+from harness.release_probe import ProbeSpec
+from harness.target import RunningTarget
 
 PLANS = Path(__file__).resolve().parents[2] / "harness" / "plans"
 
@@ -31,3 +36,29 @@ def test_meta_json_keeps_the_profile_from_the_start_of_the_run(tmp_path: Path) -
     run = load_run(run_dir)
     assert run.profile == servers.profile("vllm") and run.profile_source == "meta.json"
     assert run.profile_note is None
+
+
+def test_the_release_probe_asks_for_its_output_allowance(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The probe on an external vLLM: its requests carry the probe's max_tokens, a number."""
+    plan = load_plan(PLANS / "external.yaml", ["target.kind=vllm", "target.model=m"])
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    console = Console(file=io.StringIO())
+    orchestrator = Orchestrator(plan, run_dir, Distribution(), console)
+    orchestrator.target = RunningTarget(base_url="http://127.0.0.1:9", kind="vllm")
+    orchestrator.progress = Progress(
+        console, orchestrator.sink, run_dir / "samples", 1.0, lambda: 0, lambda: ""
+    )
+    specs: list[ProbeSpec] = []
+
+    def run_probes(spec: ProbeSpec, count: int) -> list[dict[str, object]]:
+        specs.append(spec)
+        return []
+
+    monkeypatch.setattr(orchestrator_module, "run_probes", run_probes)
+    orchestrator._release_probe()
+    assert len(specs) == 1
+    assert specs[0].max_tokens == 256
+    assert specs[0].model == "m"

@@ -25,7 +25,7 @@ from gevent.pool import Group
 from locust import User, between
 from locust.env import Environment
 from locust.exception import LocustError, StopUser
-from locust.user.users import LOCUST_STATE_STOPPING
+from locust.user.task import LOCUST_STATE_STOPPING
 
 from contract import Outcome
 from workloads.client import StreamClient, StreamRequest, StreamResult
@@ -140,6 +140,7 @@ class KvgateUser(User):
             )
         install_record_hook(environment)
         if self.phases:
+            # Locust reads wait_time per instance, so this user's pacing wraps its class's
             self.wait_time = self._phase_paced(self.wait_time)  # type: ignore[method-assign]
         if self.gc_tuning:
             tune_gc()

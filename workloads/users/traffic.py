@@ -314,7 +314,7 @@ class SecurityProbe(KvgateUser):
         prober = Caller(*self.prober, self.priority)
         group = f"pg-{uuid.uuid4().hex}"
         shared = self.user_prompt(self.prefix_tokens)
-        warming: gevent.Greenlet | None = None
+        warming: gevent.Greenlet[..., StreamResult] | None = None
         if self.hold_warm_tokens is None:
             warm = self._send_prefixed(owner, shared, "prefix_warm", group)
         else:

@@ -33,6 +33,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+# vLLM is not a dependency of kvgate: this module runs inside vLLM's own environment, so to
+# mypy here its classes are unknown (Any), and subclassing them needs the ignores below.
 import vllm  # type: ignore[import-not-found]
 from vllm.v1.core.sched.async_scheduler import (  # type: ignore[import-not-found]
     AsyncScheduler,

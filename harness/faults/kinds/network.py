@@ -35,7 +35,7 @@ class Toxic(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    type: Literal[contract.TOXIC_TYPES]
+    type: contract.ToxicType
     attributes: dict[str, float] = Field(default_factory=dict)
     stream: Literal["downstream", "upstream"] = "downstream"
     toxicity: float = Field(1.0, ge=0, le=1)  # the share of connections it applies to

@@ -11,7 +11,7 @@ import os
 import signal
 import time
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import gevent
 import psutil
@@ -24,7 +24,8 @@ from harness.proctree import process_tree
 from harness.samplers.http import request
 
 # The signals a `signal` fault may send (without the SIG prefix), and what each does.
-FAULT_SIGNALS = ("KILL", "TERM", "STOP", "CONT", "INT", "HUP")
+SignalName = Literal["KILL", "TERM", "STOP", "CONT", "INT", "HUP"]
+FAULT_SIGNALS: tuple[SignalName, ...] = get_args(SignalName)
 SIGNAL_EFFECTS = {"KILL": FaultEffect.KILLS, "TERM": FaultEffect.KILLS, "STOP": FaultEffect.PAUSES}
 SIGNALS = {name: signal.Signals[f"SIG{name}"] for name in FAULT_SIGNALS}
 HEALTH_POLL_S = 0.5
@@ -49,7 +50,7 @@ class SignalFault(FaultSpec):
     `restart_command` after `restart_after_s` (none given: no rollback)."""
 
     kind: Literal["signal"] = "signal"
-    signal: Literal[FAULT_SIGNALS]
+    signal: SignalName
     pid: int | None = Field(None, gt=1)
     pidfile: str | None = Field(None, min_length=1)  # read when the fault fires
     match: str | None = Field(None, min_length=1)  # a substring of exactly one command line

@@ -55,7 +55,7 @@ def quota(name: str, **overrides: object) -> TenantQuota:
         "budgets": dict(ALL),
     }
     values.update(overrides)
-    return TenantQuota(**values)  # type: ignore[arg-type]
+    return TenantQuota(**values)
 
 
 def tenants(*names: str, **overrides: object) -> dict[str, TenantQuota]:
