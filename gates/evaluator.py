@@ -15,7 +15,9 @@ The run's verdict, in this order (gates/README.md says the same):
    a busy machine makes things slow, it does not make them vanish; gates.verdict's
    `timing_could_fake`). More evidence elsewhere, or for a key gate that has too little,
    would not change that.
-2. INVALID when the run cannot be trusted: the load generator hit its CPU warning, the
+2. INVALID when the run cannot be trusted: an evidence check says so (gates/evidence: the
+   records are duplicated, clocks disagree beyond a bound, the run did not finish, ...), the
+   load generator hit its CPU warning, the
    simulator lagged beyond its bound, a fault's rollback did not finish (the server may have
    been left down), no gate could judge at all, or a key gate has no data or too little
    evidence.
@@ -37,6 +39,7 @@ import pandas as pd
 from gates import schema
 from gates.applicability import not_applicable
 from gates.estimate import Estimate, Reading, estimate, needs_n, read
+from gates.evidence import check_evidence
 from gates.junit import write_junit
 from gates.metrics import REGISTRY, MetricDef, Observations
 from gates.rundir import RunData, load_run
@@ -50,10 +53,12 @@ MISSING_STATUS = {"invalid": Status.INVALID, "fail": Status.FAIL, "pass": Status
 
 
 def evaluate(run: RunData, gate_file: GateFile, gates_path: str = "builtin") -> Verdict:
-    """Judge every gate of `gate_file` over `run`; writes nothing."""
+    """Judge every gate of `gate_file` over `run`, after the evidence checks (which may
+    correct the run's tables, or raise EvidenceRefused); writes nothing."""
+    evidence = check_evidence(run)
     results = [judge(run, gate) for gate in gate_file.gates]
     timing = run_problems(run.meta)
-    problems = [*timing, *rollback_problems(run.faults)]
+    problems = [*timing, *rollback_problems(run.faults), *evidence.problems]
     applied = [g for g in results if g.status != Status.NA]
     # The score is over the gates that could judge: a gate without data is not a failure
     # (it makes the run INVALID when key, MARGINAL otherwise), so it must not drag the run
@@ -67,6 +72,8 @@ def evaluate(run: RunData, gate_file: GateFile, gates_path: str = "builtin") -> 
     if not judged:
         problems = [*problems, "no gate had data to judge"]
     slack = _timing_slack_s(run.meta) if timing else 0.0
+    if evidence.doubts_timing:
+        slack = math.inf
     if any(_fails_for_good(g, slack) for g in results):
         status = Status.FAIL
     elif problems:
@@ -83,6 +90,7 @@ def evaluate(run: RunData, gate_file: GateFile, gates_path: str = "builtin") -> 
     notes = [
         f"{name}.jsonl: dropped {n} truncated line(s)" for name, n in run.truncated_lines.items()
     ]
+    notes.extend(evidence.notes)
     if run.profile_note:
         notes.append(run.profile_note)
     aborted = run.meta.get("aborted")
@@ -104,6 +112,7 @@ def evaluate(run: RunData, gate_file: GateFile, gates_path: str = "builtin") -> 
         notes=notes,
         fail_score_below=gate_file.fail_score_below,
         profile={"kind": run.profile.kind, "source": run.profile_source},
+        evidence=evidence.to_dict(),
     )
 
 

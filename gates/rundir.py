@@ -81,6 +81,9 @@ class RunData:
     truncated_lines: dict[str, int] = field(default_factory=dict)
     # Derived results keyed by what computed them (metrics shared by gates and reports).
     cache: dict[tuple[Any, ...], Any] = field(default_factory=dict)
+    # What the evidence checks found (a gates.evidence.EvidenceReport once they have run:
+    # gates.evidence.check_evidence, which the evaluator calls before any gate).
+    evidence: Any = None
 
     def table(self, name: str) -> pd.DataFrame:
         frame: pd.DataFrame = getattr(self, name)

@@ -143,6 +143,9 @@ class Verdict:
     # in a verdict.json written before they were kept.
     fail_score_below: float | None = None
     profile: dict[str, str] = field(default_factory=dict)
+    # What the evidence checks ran and found before any gate (gates/evidence:
+    # EvidenceReport.to_dict); empty in a verdict.json written before they existed.
+    evidence: dict[str, Any] = field(default_factory=dict)
 
     @property
     def exit_code(self) -> int:
@@ -193,6 +196,7 @@ class Verdict:
             notes=list(data.get("notes", [])),
             fail_score_below=data.get("fail_score_below"),
             profile=dict(data.get("profile") or {}),
+            evidence=dict(data.get("evidence") or {}),
         )
 
     def gate_file(self) -> GateFile:
