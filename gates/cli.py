@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from gates.evaluator import evaluate_run
+from gates.evidence.kept import checks_seen, tally
 from gates.rundir import RunDirError, unwritable
 from gates.spec import GateSpecError
 from gates.verdict import EXIT_USAGE, Verdict
@@ -50,8 +51,9 @@ def parser() -> argparse.ArgumentParser:
 
 
 def format_verdict(verdict: Verdict, quiet: bool = False, header: bool = True) -> str:
-    """The verdict line, then one line per gate: status, id, value with interval and n, the
-    threshold and any caveat; a gate that did not pass adds its message and evidence.
+    """The verdict line, the run's problems and notes, what the evidence checks found, then one
+    line per gate: status, id, value with interval and n, the threshold and any caveat; a gate
+    that did not pass adds its message and evidence.
 
     `header=False` leaves out the verdict line, for callers that print their own.
     """
@@ -61,6 +63,8 @@ def format_verdict(verdict: Verdict, quiet: bool = False, header: bool = True) -
     lines += [f"  note: {n}" for n in verdict.notes]
     if quiet:
         return "\n".join(lines)
+    if verdict.evidence:
+        lines.append(f"  evidence checks: {tally(checks_seen(verdict.evidence))}")
     for gate in verdict.gates:
         key = " [key]" if gate.key else ""
         caveats = "".join(f"; {c}" for c in gate.caveats())

@@ -20,6 +20,7 @@ import numpy as np
 
 from gates import schema
 from gates.evaluator import evaluate, evaluate_run
+from gates.evidence.kept import EFFECT_WORD, checks_seen
 from gates.metrics import REGISTRY
 from gates.metrics_capacity import curve as capacity_curve
 from gates.metrics_security import side_channel
@@ -283,4 +284,7 @@ def _context(run: RunData, verdict: Verdict, charts: list[Rendered]) -> dict[str
         "capacity_steps": capacity_rows(run),
         "server_counters": server_counters(run) if run.target_kind != "reference" else [],
         "not_applicable": verdict.not_applicable,
+        # What the evidence checks found before any gate (empty for an older verdict.json).
+        "evidence_checks": checks_seen(verdict.evidence),
+        "effect_word": EFFECT_WORD,
     }

@@ -31,7 +31,15 @@ DETECTED, NOT_STOPPED, BY_ACCIDENT, MISSED, NO_VERDICT = (
     "no_verdict",
 )
 # What qualify.json keeps of each run's record.
-RUN_KEYS = ("run_dir", "status", "exit_code", "wall_s", "problems", "sim_lag_ms_p99")
+RUN_KEYS = (
+    "run_dir",
+    "status",
+    "exit_code",
+    "wall_s",
+    "problems",
+    "evidence_problems",
+    "sim_lag_ms_p99",
+)
 
 
 def qualify(
@@ -211,7 +219,19 @@ def _matrix(q: dict[str, Any]) -> list[str]:
     missing = sorted({g for m in q["mutants"].values() for g in m["missing_gates"]})
     if missing:
         lines += ["", f"Expected but not in the gate file: {', '.join(missing)}."]
+    distrusted = {n: m for n, m in q["mutants"].items() if _evidence_problems(m)}
+    if distrusted:
+        word = q.get("word", "mutant")
+        lines += ["", f"{word.capitalize()} runs whose evidence checks made them INVALID:", ""]
+        lines += [f"- {n}: {'; '.join(_evidence_problems(m))}" for n, m in distrusted.items()]
     return lines
+
+
+def _evidence_problems(mutant: Mapping[str, Any]) -> list[str]:
+    """Why the evidence checks distrusted a mutant's INVALID run (none for another verdict)."""
+    if mutant["verdict"] != "INVALID":
+        return []
+    return [str(p).replace("\n", " ") for p in mutant.get("evidence_problems") or []]
 
 
 def _false_alarms(q: dict[str, Any]) -> list[str]:

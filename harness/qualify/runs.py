@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from gates import schema
+from gates.evidence.kept import invalid_texts
 from gates.spec import Threshold
 
 STATUSES = ("PASS", "MARGINAL", "FAIL", "INVALID")
@@ -44,6 +45,8 @@ def run_once(plan: str, overrides: Sequence[str], run_dir: Path) -> dict[str, An
     record |= {
         "status": verdict["status"],
         "problems": verdict["run_problems"],
+        # the evidence checks' reasons among them, for the detection matrix
+        "evidence_problems": invalid_texts(verdict.get("evidence")),
         "sim_lag_ms_p99": meta.get("sim_lag_ms_p99"),
         "cpu_warning": meta.get("cpu_warning"),
         "gates": {

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from gates.evidence.base import Effect, EvidenceReport, Finding
 from gates.metrics import REGISTRY
 from gates.verdict import GateResult, Status, Verdict
 
@@ -81,4 +82,56 @@ def verdict(status: Status, *gates: GateResult) -> Verdict:
         score=1.0,
         run_dir="run",
         gates_file="builtin",
+    )
+
+
+# Hand-made evidence findings, as verdict.json keeps them (EvidenceReport.to_dict): the checks
+# are named here, not registered, so the surfaces are tested on what a verdict says alone.
+DESCRIPTIONS = {
+    "unique_request_ids": "Each request id appears once in the requests table.",
+    "clock_offset": "Client and server clocks agree within a bound.",
+    "run_window": "The run finished its planned window.",
+}
+CLOCKS = Finding(
+    check="clock_offset",
+    effect=Effect.INVALID,
+    message="client and server clocks disagree by 2.5 s, beyond the 0.5 s bound",
+    table="server_events",
+    column="t",
+    rows=(3, 7),
+    n_rows=12,
+    doubts_timing=True,
+)
+TWICE = Finding(
+    check="unique_request_ids",
+    effect=Effect.NOTE,
+    message="dropped 2 rows written twice",
+    table="requests",
+    column="request_id",
+    rows=(4, 9),
+    n_rows=2,
+)
+
+
+def evidence(*findings: Finding) -> dict[str, Any]:
+    """Verdict.evidence with every check of DESCRIPTIONS run, and these findings."""
+    flagged = {f.check for f in findings}
+    return {
+        "checks": [
+            {"name": n, "description": d, "clean": n not in flagged}
+            for n, d in DESCRIPTIONS.items()
+        ],
+        "findings": [f.to_dict() for f in findings],
+    }
+
+
+def with_evidence(judged: Verdict, *findings: Finding) -> Verdict:
+    """`judged` with these findings, their texts in run_problems and notes as the evaluator
+    puts them there."""
+    report = EvidenceReport(list(DESCRIPTIONS), list(findings))
+    return replace(
+        judged,
+        evidence=evidence(*findings),
+        run_problems=[*judged.run_problems, *report.problems],
+        notes=[*judged.notes, *report.notes],
     )

@@ -43,16 +43,23 @@ def gate(status: str, value: float | None = None) -> dict[str, Any]:
 
 
 def record(
-    run_dir: Path | str, statuses: dict[str, str], values: dict[str, float] | None = None
+    run_dir: Path | str,
+    statuses: dict[str, str],
+    values: dict[str, float] | None = None,
+    verdict: str | None = None,
+    evidence_problems: Sequence[str] = (),
 ) -> dict[str, Any]:
-    """A record shaped like `runs.run_once`'s; the verdict is the worst gate status."""
+    """A record shaped like `runs.run_once`'s; the verdict is the worst gate status unless
+    given (a run whose evidence was distrusted reads INVALID whatever its gates said)."""
     worst = next((s for s in ("FAIL", "INVALID", "MARGINAL") if s in statuses.values()), "PASS")
+    status = verdict or worst
     return {
         "run_dir": str(run_dir),
-        "exit_code": EXIT[worst],
+        "exit_code": EXIT[status],
         "wall_s": 12.5,
-        "status": worst,
-        "problems": [],
+        "status": status,
+        "problems": list(evidence_problems),
+        "evidence_problems": list(evidence_problems),
         "sim_lag_ms_p99": 3.0,
         "cpu_warning": False,
         "gates": {g: gate(s, (values or {}).get(g)) for g, s in statuses.items()},
@@ -162,6 +169,24 @@ def test_exit_codes(policy_statuses: list[str], mutant_statuses: dict[str, str],
     q = qualify(policy, {"slow_release": record("m", mutant_statuses)}, contract.MUTANTS)
     assert q["exit_code"] == code
     assert bool(q["reasons"]) == (code != 0)
+
+
+@pytest.mark.parametrize("verdict", ["INVALID", "MARGINAL"])
+def test_a_gate_that_fails_in_a_run_that_does_not_fail_detects_nothing(verdict: str) -> None:
+    """A release manager is stopped by the run's verdict, not by one gate's status."""
+    caught = record("m", caught_by("cancel_release_p99"), verdict=verdict)
+    q = qualify([record("p", ALL_PASS)], {"slow_release": caught}, contract.MUTANTS)
+    m = q["mutants"]["slow_release"]
+    assert m["outcome"] == "not_stopped" and m["detected"] is False
+    assert m["failed_gates"] == ["cancel_release_p99"] and m["verdict"] == verdict
+    assert q["exit_code"] == 4 and q["result"] == "MARGINAL"
+    assert q["reasons"] == [
+        f"mutant slow_release failed cancel_release_p99, but its run's verdict is {verdict}, "
+        "not FAIL: the release would not have been stopped"
+    ]
+    stopped = record("m", caught_by("cancel_release_p99"), verdict="FAIL")
+    q = qualify([record("p", ALL_PASS)], {"slow_release": stopped}, contract.MUTANTS)
+    assert q["mutants"]["slow_release"]["detected"] is True and q["exit_code"] == 0
 
 
 def test_a_run_without_a_verdict_is_neither_caught_nor_missed() -> None:
@@ -338,3 +363,71 @@ def test_kvgate_lists_qualify() -> None:
     done = kvgate("--help")
     assert "qualify PLAN" in done.stdout
     assert kvgate("qualify", "--help").returncode == 0
+
+
+DISTRUSTED = (
+    "clock_offset: client and server clocks disagree by 2.5 s, beyond the 0.5 s bound "
+    "[server_events.t, rows 3, 7 (12 in all)]"
+)
+
+
+def test_the_reports_give_every_runs_verdict_and_why_evidence_distrusted_a_mutants_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    policy = iter([ALL_PASS, {**ALL_PASS, "no_oom": "MARGINAL"}])
+
+    def run_once(plan: str, overrides: Sequence[str], run_dir: Path) -> dict[str, Any]:
+        run_dir.mkdir()
+        mutant = _mutant_of(overrides)
+        if mutant is None:
+            return record(run_dir, next(policy))
+        if mutant == "slow_release":
+            return record(run_dir, caught_by("cancel_release_p99"))
+        # its gate saw the bug, but the evidence checks distrusted the run: INVALID
+        caught = caught_by("tenant_share_cap")
+        return record(run_dir, caught, verdict="INVALID", evidence_problems=[DISTRUSTED])
+
+    monkeypatch.setattr(qualify_cmd, "run_once", run_once)
+    out = tmp_path / "q"
+    args = [str(_plan(tmp_path)), "--runs", "2", "--mutants", "slow_release,no_tenant_cap"]
+    assert qualify_cmd.main([*args, "--out", str(out)]) == 4
+
+    written = json.loads((out / "qualify.json").read_text())
+    assert [r["status"] for r in written["policy_runs"]] == ["PASS", "MARGINAL"]
+    assert written["policy_verdicts"] == {"PASS": 1, "MARGINAL": 1}
+    mutants = written["mutants"]
+    assert mutants["slow_release"]["verdict"] == "FAIL" and mutants["slow_release"]["detected"]
+    distrusted = mutants["no_tenant_cap"]
+    assert distrusted["verdict"] == "INVALID" and distrusted["outcome"] == "not_stopped"
+    assert distrusted["evidence_problems"] == [DISTRUSTED]
+
+    md = (out / "qualify.md").read_text()
+    assert "| slow_release | detected | FAIL |" in md
+    assert "| no_tenant_cap | caught, not stopped | INVALID |" in md
+    assert (
+        f"Mutant runs whose evidence checks made them INVALID:\n\n- no_tenant_cap: {DISTRUSTED}"
+        in md
+    )
+    runs = md[md.index("## Runs") :]
+    for name, verdict in [
+        ("policy-01", "PASS"),
+        ("policy-02", "MARGINAL"),
+        ("mutant-slow_release", "FAIL"),
+        ("mutant-no_tenant_cap", "INVALID"),
+    ]:
+        assert f"| {name} | {verdict} | {EXIT[verdict]} |" in runs
+
+    html = (out / "qualify.html").read_text()
+    row = html[html.index('data-mutant="no_tenant_cap"') :]
+    row = row[: row.index("</tr>")]
+    assert f'<ul class="problems evidence-problems"><li>{DISTRUSTED}</li></ul>' in row
+    caught_row = html[html.index('data-mutant="slow_release"') :]
+    assert "evidence-problems" not in caught_row[: caught_row.index("</tr>")]
+    listed = html[html.index('<section id="runs">') :]
+    for name, verdict in [
+        ("policy-01", "PASS"),
+        ("policy-02", "MARGINAL"),
+        ("mutant-slow_release", "FAIL"),
+        ("mutant-no_tenant_cap", "INVALID"),
+    ]:
+        assert re.search(rf"{name}</td><td style=\"[^\"]*\">{verdict}</td>", listed), name

@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+from pathlib import Path
+from typing import Any
 
 import pytest
 
-from harness.qualify.runs import markdown, summarise
+from gates.evidence import Effect, Finding
+from harness.qualify import runs as runs_module
+from harness.qualify.runs import markdown, run_once, summarise
 
 
 def record(status: str, ttft: float | str, oom_status: str = "PASS") -> dict[str, object]:
@@ -63,3 +68,34 @@ def test_a_censored_run_has_no_finite_margin_and_counts_as_a_false_alarm() -> No
     assert steady["margin_spreads"] == "inf"  # count == 0 in every run: nowhere near failing
     json.dumps(summary, allow_nan=False)  # JSON-safe: no NaN/Infinity literals
     assert math.isinf(float(ttft["values"][1]))
+
+
+def test_a_runs_record_keeps_the_evidence_problems_of_its_verdict(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What `kvgate run` wrote is read back: the run's problems, and those of them the
+    evidence checks raised (effect invalid; a note is not a problem)."""
+    clocks = Finding("clock_offset", Effect.INVALID, "clocks disagree by 2.5 s", "requests", "t")
+    twice = Finding("unique_request_ids", Effect.NOTE, "dropped 2 rows written twice")
+    run_dir = tmp_path / "mutant-x"
+
+    def kvgate_run(command: list[str], **_: Any) -> subprocess.CompletedProcess[str]:
+        run_dir.mkdir()
+        verdict = {
+            "status": "INVALID",
+            "run_problems": ["the load generator hit its CPU warning", clocks.text()],
+            "gates": [],
+            "evidence": {
+                "checks": [{"name": "clock_offset", "description": "", "clean": False}],
+                "findings": [clocks.to_dict(), twice.to_dict()],
+            },
+        }
+        (run_dir / "verdict.json").write_text(json.dumps(verdict))
+        (run_dir / "meta.json").write_text(json.dumps({"sim_lag_ms_p99": 2.0}))
+        return subprocess.CompletedProcess(command, 5, "", "")
+
+    monkeypatch.setattr(runs_module.subprocess, "run", kvgate_run)
+    record = run_once("plan.yaml", [], run_dir)
+    assert record["status"] == "INVALID" and record["exit_code"] == 5
+    assert record["evidence_problems"] == ["clock_offset: clocks disagree by 2.5 s [requests.t]"]
+    assert len(record["problems"]) == 2
