@@ -108,7 +108,7 @@ def test_each_shipped_profile_finds_the_context_length_where_its_server_gives_it
 def test_a_bad_info_field_is_refused_naming_what_to_write(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str, message: str
 ) -> None:
-    toy = {"kind": "custom", "title": "Custom", "sources": ["x"]}
+    toy: dict[str, object] = {"kind": "custom", "title": "Custom", "sources": ["x"]}
     toy["info_fields"] = {"max_model_len": where}
     (tmp_path / "custom.yaml").write_text(yaml.safe_dump(toy))
     monkeypatch.setattr(servers, "PROFILE_DIR", tmp_path)
@@ -147,7 +147,7 @@ def test_a_new_server_kind_is_one_profile_file(
     from gates.rundir import load_run
     from gates.spec import BUILTIN_GATES, load_gate_file
     from gates.verdict import Status
-    from harness.plan import Plan
+    from harness.plan import ExternalTarget, Plan
     from harness.traffic import target_dialect
     from tests.gates.builder import RunBuilder
 
@@ -165,6 +165,7 @@ def test_a_new_server_kind_is_one_profile_file(
                 "load": {"users": 1, "duration_s": 1},
             }
         )
+        assert isinstance(plan.target, ExternalTarget)
         profile = plan.target.profile
         assert profile.kind == "toyserve"
         assert (

@@ -17,13 +17,14 @@ POLL_S = 0.02
 
 
 def wait_until(
-    predicate: Callable[[], T],
+    predicate: Callable[[], T | None],
     timeout_s: float = 10.0,
     what: str = "the condition",
     sleep: Callable[[float], object] | None = None,
 ) -> T:
-    """Polls `predicate` every POLL_S until it returns a truthy value, which is returned;
-    fails the test naming `what` after `timeout_s`. `sleep` defaults to `time.sleep`, looked
+    """Polls `predicate` every POLL_S until it returns a truthy value, which is returned
+    (so never None: a predicate may answer None for "not yet"); fails the test naming
+    `what` after `timeout_s`. `sleep` defaults to `time.sleep`, looked
     up at each call: under Locust's monkey-patching it yields to gevent, so greenlets and
     servers in the test run meanwhile."""
     deadline = time.monotonic() + timeout_s
@@ -37,7 +38,7 @@ def wait_until(
 
 
 async def wait_until_async(
-    predicate: Callable[[], T], timeout_s: float = 10.0, what: str = "the condition"
+    predicate: Callable[[], T | None], timeout_s: float = 10.0, what: str = "the condition"
 ) -> T:
     """`wait_until` for a coroutine: polls between asyncio sleeps, so the loop runs on."""
     deadline = time.monotonic() + timeout_s

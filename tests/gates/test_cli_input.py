@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -31,10 +32,13 @@ def test_a_missing_run_directory_exits_2_without_a_traceback(tmp_path: Path) -> 
     ],
 )
 def test_a_run_directory_it_cannot_trust_exits_2_naming_the_problem(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], damage: object, expected: str
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    damage: Callable[[Path], object],
+    expected: str,
 ) -> None:
     path = _run(tmp_path)
-    damage(path)  # type: ignore[operator]
+    damage(path)
     assert main([str(path)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("kvgate gate: ") and expected in err

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -18,7 +19,7 @@ from tests.gates.conftest import gate
 Judge = Callable[[RunBuilder], Verdict]
 
 
-def cancelled_run(latencies: list[float | None]) -> RunBuilder:
+def cancelled_run(latencies: Sequence[float | None]) -> RunBuilder:
     """Cancelled requests that held reservations; None: the server never released it."""
     b = RunBuilder()
     for i, latency in enumerate(latencies):
@@ -42,7 +43,7 @@ def test_zero_cancellations_make_the_release_gate_invalid_not_pass(judge: Judge)
     assert verdict.exit_code == 5
 
 
-def spread(n: int, low: float, high: float) -> list[float | None]:
+def spread(n: int, low: float, high: float) -> list[float]:
     return [float(x) for x in np.linspace(low, high, n)]
 
 
@@ -223,9 +224,13 @@ def test_missing_stress_window_is_invalid(tmp_path: Path) -> None:
     assert result.status == Status.INVALID and "meta.windows.stress" in result.message
 
 
-def batch_requests(b: RunBuilder, n: int, prefix: str = "b", **fields: object) -> RunBuilder:
+def batch_requests(b: RunBuilder, n: int, prefix: str = "b", **fields: Any) -> RunBuilder:
     """`n` batch requests; by default refused explicitly (503 with Retry-After)."""
-    ending = {"outcome": "rejected", "http_status": 503, "retry_after_s": 1} | fields
+    ending: dict[str, Any] = {
+        "outcome": "rejected",
+        "http_status": 503,
+        "retry_after_s": 1,
+    } | fields
     for i in range(n):
         b.request(f"{prefix}{i}", priority="batch", traffic_class="batch", **ending)
     return b
@@ -300,7 +305,7 @@ def test_preempted_requests_dropped_by_a_live_replica_do_not_complete(judge: Jud
     b.request("dropped", t=25, outcome="error", error_code="replica_failed", replica="r0", e2e_s=6)
     b.event("preempted", 30, request_id="dropped")
     result = gate(judge(b), "preempted_complete")
-    assert result.n_samples == 401 and result.value < 1.0
+    assert result.n_samples == 401 and result.value is not None and result.value < 1.0
 
 
 def test_a_preempted_request_the_server_let_go_is_lost_even_if_a_kill_ends_it_later(

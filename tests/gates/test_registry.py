@@ -31,6 +31,7 @@ TOY_MODULE = "tests.gates.toy_metric"
 def test_a_metric_that_does_not_say_whether_it_is_a_timing_or_what_it_points_to_is_refused() -> (
     None
 ):
+    # each call leaves out a required declaration on purpose: the refusal is under test
     with pytest.raises(TypeError, match="timing"):
         metric("undeclared", filters=(), unit="s", kind="trend", cause=Cause.NONE)  # type: ignore[call-arg]
     with pytest.raises(TypeError, match="cause"):

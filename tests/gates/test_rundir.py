@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pyarrow as pa
@@ -125,6 +126,7 @@ def test_integer_columns_refuse_fractions_and_booleans(tmp_path: Path) -> None:
 def test_text_columns_refuse_lists_and_objects_and_keep_numbers_as_their_digits(
     tmp_path: Path,
 ) -> None:
+    # a number where text belongs, as a hand-written run directory might have it
     path = RunBuilder().sample("m", 1.0, t=5.0, target=4242).write(tmp_path / "ok")  # type: ignore[arg-type]
     assert load_run(path).samples["target"].tolist() == ["4242"]
     path = RunBuilder().request("a", tenant=["acme", "globex"]).write(tmp_path / "bad")
@@ -160,7 +162,7 @@ def test_bad_utf8_is_an_error_unless_it_is_the_torn_last_line(tmp_path: Path) ->
     ],
 )
 def test_parquet_columns_of_a_non_numeric_type_are_refused(
-    tmp_path: Path, column: pa.Array, shown: str
+    tmp_path: Path, column: pa.Array[Any], shown: str
 ) -> None:
     path = RunBuilder().write(tmp_path / "run")
     table = pa.table({"request_id": ["a", "b"], "t_send": [1.0, 2.0], "ttft_s": column})

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pytest
@@ -20,7 +21,7 @@ Judge = Callable[[RunBuilder], Verdict]
 
 
 def escalation(
-    b: RunBuilder, rid: str, status: int = 403, granted: str | None = None, **fields: object
+    b: RunBuilder, rid: str, status: int = 403, granted: str | None = None, **fields: Any
 ) -> RunBuilder:
     """A batch-only key asking for critical; `granted`: the priority its server events show."""
     outcome = "ok" if status == 200 else "rejected"

@@ -72,7 +72,7 @@ def test_kill_then_restart_is_recorded(tmp_path: Path, procs: dict[str, Any]) ->
         [KillFault(kind="kill", at_s=0.0, replica="r0", restart_after_s=0.2)],
         admin,
         writer,
-        lambda w: 0,  # type: ignore[arg-type]
+        lambda w: 0,
     )
     sched.start(time.monotonic())
     try:
@@ -94,7 +94,7 @@ def test_pause_is_resumed_even_when_the_run_ends_mid_fault(
         [PauseFault(kind="pause", at_s=0.0, replica="r0", duration_s=30.0)],
         FakeAdmin(procs),
         TableWriter(tmp_path, schema.FAULTS),
-        lambda w: 0,  # type: ignore[arg-type]
+        lambda w: 0,
     )
     sched.start(time.monotonic())
     paused = psutil.Process(procs["r0"].pid)
@@ -128,7 +128,7 @@ def test_kill_during_storm_waits_for_cancellations_and_fails_without_one(
         ],
         FakeAdmin(procs),
         writer,
-        lambda w: cancels["n"],  # type: ignore[arg-type]
+        lambda w: cancels["n"],
     )
     victim = procs["r0"]
     sched.start(time.monotonic())

@@ -14,6 +14,7 @@ import pytest
 from harness.plan import ExternalTarget, PlanError, load_plan
 from harness.preflight import PreflightError, check_external
 from harness.traffic import build_user_classes
+from tests.built_users import built_user_classes
 
 PLANS = Path(__file__).resolve().parents[2] / "harness" / "plans"
 SMOKE = PLANS / "smoke.yaml"
@@ -67,7 +68,9 @@ def test_target_url_takes_the_external_keys_of_set() -> None:
         load_plan(SMOKE, [*NO_FAULTS, "target.kind=vlm"], target_url="http://127.0.0.1:9")
 
 
-def test_the_model_defaults_to_the_one_the_server_lists(server: tuple[str, type]) -> None:
+def test_the_model_defaults_to_the_one_the_server_lists(
+    server: tuple[str, type[FakeServer]],
+) -> None:
     url, _ = server
     plan = check_external(load_plan(SMOKE, NO_FAULTS, target_url=url))
     assert isinstance(plan.target, ExternalTarget) and plan.target.model == "tiny-llama"
@@ -75,21 +78,21 @@ def test_the_model_defaults_to_the_one_the_server_lists(server: tuple[str, type]
     assert {getattr(c, "model", "tiny-llama") for c in classes} == {"tiny-llama"}
 
 
-def test_an_unknown_model_is_refused_before_any_load(server: tuple[str, type]) -> None:
+def test_an_unknown_model_is_refused_before_any_load(server: tuple[str, type[FakeServer]]) -> None:
     url, _ = server
     plan = load_plan(SMOKE, [*NO_FAULTS, "target.model=llama-3-8b"], target_url=url)
     with pytest.raises(PreflightError, match=r"'llama-3-8b' is not served .* it serves: tiny"):
         check_external(plan)
 
 
-def test_several_models_and_no_choice_is_refused(server: tuple[str, type]) -> None:
+def test_several_models_and_no_choice_is_refused(server: tuple[str, type[FakeServer]]) -> None:
     url, handler = server
     handler.models = ["a", "b"]
     with pytest.raises(PreflightError, match=r"serves 2 models \(a, b\); choose one"):
         check_external(load_plan(SMOKE, NO_FAULTS, target_url=url))
 
 
-def test_a_refused_key_says_which_setting_to_fix(server: tuple[str, type]) -> None:
+def test_a_refused_key_says_which_setting_to_fix(server: tuple[str, type[FakeServer]]) -> None:
     url, handler = server
     handler.key = "secret"
     with pytest.raises(PreflightError, match=r"refused the key .* target\.api_key"):
@@ -110,7 +113,7 @@ def test_extensions_go_only_to_servers_whose_profile_accepts_them() -> None:
             target_url="http://127.0.0.1:9",
         )
         plan.traffic.classes = {"long_output": plan.traffic.classes["long_output"]}
-        (cls,) = build_user_classes(plan, "http://127.0.0.1:9")
+        (cls,) = built_user_classes(plan, "http://127.0.0.1:9")
         return bool(cls.ignore_eos and cls.dialect.ignore_eos)
 
     assert long_output_ignores_eos("vllm") and long_output_ignores_eos("sglang")
@@ -122,7 +125,7 @@ def test_prompt_scale_multiplies_every_class_prompt_size() -> None:
         plan = load_plan(SMOKE, [f"traffic.prompt_scale={scale}"])
         return {
             c.__name__: (c.prompt_tokens, getattr(c, "prefix_tokens", None))
-            for c in build_user_classes(plan, "http://127.0.0.1:9")
+            for c in built_user_classes(plan, "http://127.0.0.1:9")
         }
 
     one, half = sizes(1.0), sizes(0.5)

@@ -14,7 +14,7 @@ from harness.sink import RecordSink
 
 def test_sink_writes_each_request_once_and_counts_outcomes(tmp_path: Path) -> None:
     sink = RecordSink(TableWriter(tmp_path, schema.REQUESTS))
-    rows = [
+    rows: list[dict[str, object]] = [
         {"request_id": "a", "outcome": "ok", "ttft_s": 0.2, "worker": "w1"},
         {"request_id": "b", "outcome": "cancelled", "ttft_s": None, "worker": "w1"},
         {"request_id": "c", "outcome": "rejected", "ttft_s": None, "worker": "w2"},

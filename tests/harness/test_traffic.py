@@ -5,14 +5,18 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from locust import User
+from locust.env import Environment
 
-from harness.plan import PlanError, load_plan, plan_from_dict
+from harness.plan import Plan, PlanError, load_plan, plan_from_dict
 from harness.traffic import TrafficError, build_shape, build_user_classes
+from tests.built_users import built_user_classes
+from workloads.shapes import SoakShape
 
 PLANS = Path(__file__).resolve().parents[2] / "harness" / "plans"
 
 
-def plan_with(classes: dict[str, object], **extra: object) -> object:
+def plan_with(classes: dict[str, object], **extra: object) -> Plan:
     return plan_from_dict({"name": "t", "seed": 5, "traffic": {"classes": classes}, **extra})
 
 
@@ -23,10 +27,10 @@ def test_overrides_host_seed_and_wait_time_reach_the_classes() -> None:
             "lc_acme": {"base": "long_context", "fixed_count": 1, "attributes": {"tenant": "acme"}},
         }
     )
-    batch, lc = build_user_classes(plan, "http://127.0.0.1:9")  # type: ignore[arg-type]
+    batch, lc = built_user_classes(plan, "http://127.0.0.1:9")
     assert batch.__name__ == "batch" and lc.__name__ == "lc_acme"
     assert batch.host == "http://127.0.0.1:9" and batch.weight == 2 and batch.max_tokens == 7
-    assert batch.seed == 5 and 1 <= batch.wait_time(None) <= 2
+    assert batch.seed == 5 and 1 <= batch.wait_time(User(Environment())) <= 2
     assert lc.tenant == "acme" and lc.fixed_count == 1 and lc.traffic_class == "long_context"
 
 
@@ -41,11 +45,11 @@ def test_unknown_attribute_lists_the_known_ones() -> None:
 
 def test_shapes_get_their_attributes_and_reject_unknown_ones() -> None:
     plan = plan_with({"batch": {}}, load={"shape": "soak", "shape_attributes": {"users": 3}})
-    shape = build_shape(plan)  # type: ignore[arg-type]
-    assert shape is not None and shape.users == 3
+    shape = build_shape(plan)
+    assert isinstance(shape, SoakShape) and shape.users == 3
     bad = plan_with({"batch": {}}, load={"shape": "soak", "shape_attributes": {"userz": 3}})
     with pytest.raises(TrafficError, match=r"load\.shape_attributes"):
-        build_shape(bad)  # type: ignore[arg-type]
+        build_shape(bad)
 
 
 @pytest.mark.parametrize("name", ["smoke", "ci", "soak", "capacity"])

@@ -9,6 +9,7 @@ import pytest
 
 from harness.plan import Plan, PlanError, plan_from_dict
 from harness.traffic import TrafficError, build_user_classes, target_dialect
+from tests.built_users import built_user_classes
 from workloads.dialect import Dialect
 
 URL = "http://127.0.0.1:9"
@@ -62,7 +63,7 @@ def test_a_plan_switches_an_extension_off_for_its_target() -> None:
 def test_every_built_class_carries_the_targets_dialect() -> None:
     p = plan(external("sglang"), {"batch": {}, "long_output": {}, "security_probe": {}})
     dialect = target_dialect(p)
-    assert all(cls.dialect == dialect for cls in build_user_classes(p, URL))  # type: ignore[attr-defined]
+    assert all(cls.dialect == dialect for cls in built_user_classes(p, URL))
 
 
 def test_what_a_class_asks_for_and_the_target_will_not_take_is_said(
@@ -70,7 +71,7 @@ def test_what_a_class_asks_for_and_the_target_will_not_take_is_said(
 ) -> None:
     classes = {"long_output": {"attributes": {"max_tokens": 300}}, "security_probe": {}}
     with caplog.at_level(logging.WARNING, logger="harness.traffic"):
-        (long_output, _probe) = build_user_classes(plan(external("tgi"), classes), URL)
+        (long_output, _probe) = built_user_classes(plan(external("tgi"), classes), URL)
     said = [r.getMessage() for r in caplog.records]
     assert said == [
         "traffic.classes.long_output: ignore_eos is not sent to this tgi server "
@@ -81,8 +82,8 @@ def test_what_a_class_asks_for_and_the_target_will_not_take_is_said(
         "(contract/profiles/tgi.yaml); its escalation probes ask for none",
     ]
     # What the class asks stays as asked; the dialect decides what goes out.
-    assert long_output.ignore_eos and long_output.min_tokens == 300  # type: ignore[attr-defined]
-    assert not long_output.dialect.ignore_eos  # type: ignore[attr-defined]
+    assert long_output.ignore_eos and long_output.min_tokens == 300
+    assert not long_output.dialect.ignore_eos
 
 
 def test_an_extension_the_plan_switched_off_is_blamed_on_the_plan(

@@ -106,6 +106,7 @@ def test_a_class_in_one_module_is_planned_validated_run_and_recorded(
     with fake_server(tokens=2) as server:
         echo, slow = build_user_classes(plan, server.url)
         assert (echo.__name__, slow.__name__) == ("toy_echo", "toy_slow")
+        # the toy classes are written at run time: no type declares `repeats`
         assert echo.repeats == 3 and slow.repeats == 2  # type: ignore[attr-defined]
         run_dir = tmp_path / "run"
         run_dir.mkdir()

@@ -113,7 +113,10 @@ def test_a_pause_stops_and_resumes_every_process(engine: tuple[VllmDeployment, P
     pause = PauseAction(PauseFault(at_s=0, replica="vllm", duration_s=1), context(dep))
     record = FaultRecord("p", "pause", "vllm", {})
     pause.apply(record)
-    states = lambda: {psutil.Process(p).status() for p in first}  # noqa: E731
+
+    def states() -> set[str]:
+        return {psutil.Process(p).status() for p in first}
+
     wait_until(lambda: states() == {psutil.STATUS_STOPPED}, what="all three to stop")
     pause.rollback(record)
     wait_until(lambda: psutil.STATUS_STOPPED not in states(), what="all three to resume")

@@ -155,8 +155,7 @@ class _Lines:
             self.all += self.tail.poll()
             return next((line for line in self.all if pred(line)), None)
 
-        found: dict[str, Any] = wait_until(seen, timeout_s=120, what=what)
-        return found
+        return wait_until(seen, timeout_s=120, what=what)
 
     def of(self, rid: str) -> list[dict[str, Any]]:
         return [line for line in self.all if _kvgate_id(line) == rid]

@@ -20,6 +20,13 @@ from reports.charts import (
 )
 
 
+def _first_number(pattern: str, svg: str) -> float:
+    """The number in the first group of `pattern`'s first match in `svg`."""
+    found = re.search(pattern, svg)
+    assert found, f"no match for {pattern!r}"
+    return float(found[1])
+
+
 def test_nice_ticks_cover_the_range() -> None:
     ticks = nice_ticks(0.03, 0.97)
     assert ticks[0] <= 0.03 and ticks[-1] >= 0.97
@@ -84,15 +91,13 @@ def test_scatter_draws_breaches_censored_strip_threshold_and_faults() -> None:
     assert svg.count('class="mark censored"') == 1 and "r9: no first token" in svg
     assert svg.count('class="band"') == 1, "a fault without an end gets no guessed span"
     assert svg.count('class="rule fault"') == 2
-    line_y = float(re.search(r'class="rule threshold" data-at="0.9"[^>]*y1="([\d.]+)"', svg)[1])
-    breach_y = float(re.search(r'class="mark point breach" cx="[\d.]+" cy="([\d.]+)"', svg)[1])
+    line_y = _first_number(r'class="rule threshold" data-at="0.9"[^>]*y1="([\d.]+)"', svg)
+    breach_y = _first_number(r'class="mark point breach" cx="[\d.]+" cy="([\d.]+)"', svg)
     low_y = max(float(y) for y in re.findall(r'class="mark point" cx="[\d.]+" cy="([\d.]+)"', svg))
     assert breach_y < line_y < low_y  # SVG y grows downward
     # The censored marker sits in the strip above every measured value.
-    tip = float(
-        re.search(r'class="mark censored" d="M[\d.]+,[\d.]+ L[\d.]+,[\d.]+ L[\d.]+,([\d.]+)', svg)[
-            1
-        ]
+    tip = _first_number(
+        r'class="mark censored" d="M[\d.]+,[\d.]+ L[\d.]+,[\d.]+ L[\d.]+,([\d.]+)', svg
     )
     assert tip < breach_y
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ from tests.gates.builder import RunBuilder
 from tests.reports.verdicts import TTFT_TITLE, oom_gate, straddling_ttft_gate, ttft_gate, verdict
 
 
-def critical_run(path: Path, ttfts: list[float | None], **more: Any) -> Path:
+def critical_run(path: Path, ttfts: Sequence[float | None], **more: Any) -> Path:
     """A run of critical short_qa requests one second apart from the load start (t = 10)."""
     b = RunBuilder()
     for i, ttft in enumerate(ttfts):

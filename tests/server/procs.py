@@ -11,6 +11,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import requests
 
@@ -26,7 +27,7 @@ class Proc:
     """A started server process, its ready-file contents and its captured output."""
 
     popen: subprocess.Popen[bytes]
-    ready: dict
+    ready: dict[str, Any]
     log: Path
 
     @property
@@ -80,9 +81,9 @@ def start_replica(workdir: Path, *extra: str) -> Proc:
     return start("server.replica", ["--state-dir", str(workdir / "state"), *extra], workdir)
 
 
-def events(url: str) -> list[dict]:
+def events(url: str) -> list[dict[str, Any]]:
     """Every event the server has, following the cursor to the end."""
-    rows: list[dict] = []
+    rows: list[dict[str, Any]] = []
     cursor = ""
     for _ in range(1000):
         resp = requests.get(

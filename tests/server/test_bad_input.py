@@ -4,6 +4,7 @@ never a 5xx, and no process goes down."""
 from __future__ import annotations
 
 import json
+from typing import Any, TypeAlias
 
 import pytest
 import requests
@@ -14,12 +15,13 @@ pytestmark = pytest.mark.e2e
 OK_MSGS = [{"role": "user", "content": "hi"}]
 
 
-def chat(**fields: object) -> dict:
+def chat(**fields: object) -> dict[str, Any]:
     return {"model": "llama-3-8b", "messages": OK_MSGS, **fields}
 
 
-CASES = [
-    # (name, path, raw body or dict, headers, status, code, words in message)
+# (name, path, raw body or JSON object, headers, status, code, words in message)
+Case: TypeAlias = tuple[str, str, bytes | dict[str, object], dict[str, str], int, str, str]
+CASES: list[Case] = [
     ("invalid json", "/v1/chat/completions", b"{not json", {}, 400, "invalid_request", "JSON"),
     (
         "deep nesting",
@@ -215,7 +217,9 @@ CASES = [
 ]
 
 
-def _send(url: str, path: str, body: bytes | dict, headers: dict) -> requests.Response:
+def _send(
+    url: str, path: str, body: bytes | dict[str, object], headers: dict[str, str]
+) -> requests.Response:
     data = body if isinstance(body, bytes) else json.dumps(body).encode()
     merged = {**key("acme"), "Content-Type": "application/json", **headers}
     return requests.post(url + path, data=data, headers=merged, timeout=10)
@@ -233,8 +237,8 @@ def test_gateway_rejects(
     deployment: Proc,
     name: str,
     path: str,
-    body: bytes | dict,
-    headers: dict,
+    body: bytes | dict[str, object],
+    headers: dict[str, str],
     status: int,
     code: str,
     words: str,
@@ -243,7 +247,7 @@ def test_gateway_rejects(
 
 
 @pytest.mark.parametrize("case", [c for c in CASES if c[5] != "too_long"], ids=lambda c: c[0])
-def test_replica_rejects_the_same(standalone_replica: Proc, case: tuple) -> None:
+def test_replica_rejects_the_same(standalone_replica: Proc, case: Case) -> None:
     _, path, body, headers, status, code, words = case
     _check(_send(standalone_replica.url, path, body, headers), status, code, words)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
 from tests.server.procs import Proc
 
@@ -83,7 +84,10 @@ def test_completions_both_ways(deployment: Proc) -> None:
 
 def test_cached_tokens_reported_for_shared_prefix(deployment: Proc) -> None:
     c = client(deployment)
-    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "q"}]
+    messages: list[ChatCompletionMessageParam] = [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": "q"},
+    ]
     headers = {"X-Kvgate-Prefix-Tokens": "96"}
     cached = []
     for _ in range(2):
@@ -97,7 +101,7 @@ def test_cached_tokens_reported_for_shared_prefix(deployment: Proc) -> None:
 
 
 def test_error_classes(deployment: Proc) -> None:
-    msgs = [{"role": "user", "content": "hi"}]
+    msgs: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hi"}]
     with pytest.raises(openai.BadRequestError) as bad:
         client(deployment).chat.completions.create(model=MODEL, messages=msgs, max_tokens=0)
     assert bad.value.code == "invalid_request" and "max_tokens" in bad.value.message

@@ -3,6 +3,8 @@ cache (cached_tokens 0); a prefix declared public is."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import requests
 
@@ -15,7 +17,7 @@ def _cached(url: str, tenant: str, system: str, public: bool) -> int:
     headers = {**key(tenant), "X-Kvgate-Prefix-Tokens": "64"}
     if public:
         headers["X-Kvgate-Prefix-Public"] = "1"
-    body = {
+    body: dict[str, Any] = {
         "model": "llama-3-8b",
         "messages": [{"role": "system", "content": system}, {"role": "user", "content": tenant}],
         "max_tokens": 2,

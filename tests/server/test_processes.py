@@ -8,6 +8,7 @@ import os
 import signal
 import time
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -17,7 +18,11 @@ from tests.server.procs import Proc, events, key, start_deployment, start_replic
 from tests.waiting import wait_until
 
 pytestmark = pytest.mark.e2e
-CHAT = {"model": "llama-3-8b", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+CHAT: dict[str, Any] = {
+    "model": "llama-3-8b",
+    "messages": [{"role": "user", "content": "hi"}],
+    "max_tokens": 3,
+}
 
 
 def test_serve_prints_writes_ready_and_stops_everything(tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+from collections.abc import Callable
 
 import pytest
 
@@ -21,9 +22,9 @@ def _tokenize_where(text: str) -> tuple[list[int], str]:
     tokenizer = TextTokenizer(DEFAULT_TOKENIZER_PATH)
     seen: list[str] = []
     for name in ("encode", "encode_nogil"):
-        real = getattr(tokenizer, name)
+        real: Callable[[str], list[int]] = getattr(tokenizer, name)
 
-        def spy(s: str, real=real) -> list[int]:  # type: ignore[no-untyped-def]
+        def spy(s: str, real: Callable[[str], list[int]] = real) -> list[int]:
             seen.append(threading.current_thread().name)
             return real(s)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any, Literal
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -42,9 +43,9 @@ messages = st.lists(
 )
 
 
-def _parse(kind: str, raw: bytes) -> None:
+def _parse(kind: Literal["chat", "completion"], raw: bytes) -> None:
     try:
-        parsed = parse_body(kind, raw)  # type: ignore[arg-type]
+        parsed = parse_body(kind, raw)
     except ApiError as err:
         assert 400 <= err.status < 500 and err.message
         body = json.loads(err.body())
@@ -56,7 +57,9 @@ def _parse(kind: str, raw: bytes) -> None:
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(kind=st.sampled_from(["chat", "completion"]), body=bodies, msgs=messages)
-def test_any_json_body_is_parsed_or_rejected_cleanly(kind: str, body: dict, msgs: list) -> None:
+def test_any_json_body_is_parsed_or_rejected_cleanly(
+    kind: Literal["chat", "completion"], body: dict[str, Any], msgs: list[dict[str, Any]]
+) -> None:
     if kind == "chat" and "messages" not in body:
         body["messages"] = msgs
     body.setdefault("model", "llama-3-8b")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 import pytest
 import requests
@@ -59,7 +60,7 @@ def test_kill_replica_during_streams(tmp_path: Path) -> None:
         dep.stop()
 
 
-def _assert_never_on_two_replicas(rows: list[dict]) -> None:
+def _assert_never_on_two_replicas(rows: list[dict[str, Any]]) -> None:
     died = {r["replica"]: r["t"] for r in rows if r["event"] == "replica_died"}
     spans: dict[str, dict[str, list[float]]] = defaultdict(dict)
     for r in rows:

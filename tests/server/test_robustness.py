@@ -9,6 +9,7 @@ import json
 import socket
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -117,8 +118,8 @@ def hostile_case(draw: st.DrawFn) -> Case:
         field = draw(st.sampled_from(["max_tokens", "messages", "stream", "stream_options", "x"]))
         base = bytearray(chat(**{field: value}))
     else:
-        value = draw(st.binary(max_size=120).filter(lambda b: b"\r" not in b and b"\n" not in b))
-        headers = ((draw(st.sampled_from(HEADERS)).encode(), value.strip()),)
+        raw = draw(st.binary(max_size=120).filter(lambda b: b"\r" not in b and b"\n" not in b))
+        headers = ((draw(st.sampled_from(HEADERS)).encode(), raw.strip()),)
     return Case(f"hypothesis-{kind}", headers=headers, body=bytes(base))
 
 
@@ -154,7 +155,7 @@ def test_processes_alive_and_rss_bounded_after_everything(
 
 
 def test_unknown_fields_are_ignored_with_a_warning(deployment: Proc) -> None:
-    body = {
+    body: dict[str, Any] = {
         "model": "llama-3-8b",
         "messages": [{"role": "user", "content": "hi"}],
         "max_tokens": 2,
@@ -173,7 +174,7 @@ def test_unknown_fields_are_ignored_with_a_warning(deployment: Proc) -> None:
 
 
 def test_continuous_usage_stats_puts_usage_on_every_chunk(deployment: Proc) -> None:
-    body = {
+    body: dict[str, Any] = {
         "model": "llama-3-8b",
         "messages": [{"role": "user", "content": "count"}],
         "max_tokens": 6,
@@ -189,11 +190,7 @@ def test_continuous_usage_stats_puts_usage_on_every_chunk(deployment: Proc) -> N
         timeout=10,
     ) as resp:
         assert resp.status_code == 200
-        events = [
-            json.loads(line[6:])
-            for line in resp.iter_lines(decode_unicode=True)
-            if line.startswith("data: {")
-        ]
+        events = [json.loads(line[6:]) for line in resp.iter_lines() if line.startswith(b"data: {")]
     assert all("usage" in e for e in events), events
     prompt = events[0]["usage"]["prompt_tokens"]
     completion = [e["usage"]["completion_tokens"] for e in events]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import requests
@@ -12,17 +13,21 @@ import requests
 from tests.server.procs import Proc, key, start_deployment
 
 pytestmark = pytest.mark.e2e
-LONG = {
+LONG: dict[str, Any] = {
     "model": "llama-3-8b",
     "messages": [{"role": "user", "content": "go on"}],
     "max_tokens": 20000,
     "ignore_eos": True,
     "stream": True,
 }
-SHORT = {"model": "llama-3-8b", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+SHORT: dict[str, Any] = {
+    "model": "llama-3-8b",
+    "messages": [{"role": "user", "content": "hi"}],
+    "max_tokens": 2,
+}
 
 
-def _events(url: str, who: str) -> list[dict]:
+def _events(url: str, who: str) -> list[dict[str, Any]]:
     resp = requests.get(url + "/debug/events", headers=key(who), timeout=10)
     assert resp.status_code == 200, resp.text
     return [json.loads(line) for line in resp.text.splitlines() if line]

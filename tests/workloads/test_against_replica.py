@@ -8,21 +8,21 @@ import urllib.request
 from typing import Any
 
 import pytest
-from locust import User
 from locust.env import Environment
 
-from contract import OUTCOMES, RequestRecord
+from contract import OUTCOMES, Outcome, RequestRecord
+from tests.classes import subclass
 from tests.waiting import wait_until
 from tests.workloads.fakes import fake_server
 from workloads.prompts import generator_for
 from workloads.records import install_record_hook
-from workloads.users import USER_CLASSES
+from workloads.users import USER_CLASSES, KvgateUser
 
 pytestmark = pytest.mark.e2e
 
 
-def make_user(name: str, url: str, **overrides: Any) -> tuple[User, list[RequestRecord]]:
-    cls = type(f"Plan_{name}", (USER_CLASSES[name],), overrides)
+def make_user(name: str, url: str, **overrides: Any) -> tuple[KvgateUser, list[RequestRecord]]:
+    cls = subclass(f"Plan_{name}", USER_CLASSES[name], overrides)
     env = Environment(user_classes=[cls], host=url)
     records: list[RequestRecord] = []
     install_record_hook(env).add_listener(lambda record, **_kw: records.append(record))
@@ -31,8 +31,9 @@ def make_user(name: str, url: str, **overrides: Any) -> tuple[User, list[Request
     return user, records
 
 
-def run_task(user: User, times: int = 1) -> None:
+def run_task(user: KvgateUser, times: int = 1) -> None:
     (task,) = user.tasks
+    assert callable(task)  # Locust types tasks as TaskSet instances; ours are functions
     for _ in range(times):
         task(user)
 
@@ -67,16 +68,16 @@ def test_every_outcome_is_reached_and_recorded(replica: str) -> None:
             records.extend(got)
     assert {r.outcome for r in records} == set(OUTCOMES)
     by_outcome = {r.outcome: r for r in records}
-    ok = by_outcome["ok"]
+    ok = by_outcome[Outcome.OK]
     assert ok.completion_tokens == ok.chunks == 8 and ok.replica == "r0"
     assert ok.ttft_s is not None and ok.e2e_s is not None and ok.ttft_s < ok.e2e_s
-    rejected = by_outcome["rejected"]
+    rejected = by_outcome[Outcome.REJECTED]
     assert (rejected.http_status, rejected.error_code) == (403, "priority_not_allowed")
     assert rejected.error_message
-    error = by_outcome["error"]
+    error = by_outcome[Outcome.ERROR]
     assert (error.http_status, error.error_code) == (401, "invalid_api_key")
-    assert by_outcome["timeout"].error_code == "client_timeout"
-    assert by_outcome["cancelled"].cancel_at is not None
+    assert by_outcome[Outcome.TIMEOUT].error_code == "client_timeout"
+    assert by_outcome[Outcome.CANCELLED].cancel_at is not None
 
 
 def test_cancel_at_token_k_stops_and_releases_the_server_request(replica: str) -> None:
@@ -119,9 +120,9 @@ def test_public_prefix_is_shared_across_tenants(replica: str) -> None:
         user, records = make_user(
             "shared_prefix", replica, public_share=1.0, public_prefixes=1, max_tokens=2
         )
-        user.index = tenant_index  # type: ignore[attr-defined]
+        user.index = tenant_index
         user.on_start()
         run_task(user)
-        cached.append((user.tenant, records[0].cached_tokens))  # type: ignore[attr-defined]
+        cached.append((user.tenant, records[0].cached_tokens))
     assert len({tenant for tenant, _ in cached}) == 3
     assert all((tokens or 0) >= 2048 - 16 for _tenant, tokens in cached[1:]), cached

@@ -17,9 +17,22 @@ def server() -> Iterator[FakeServer]:
         yield srv
 
 
-def run(server: FakeServer, script: str, **limits: float) -> StreamResult:
-    limits = {"timeout_s": 60.0, **limits}
-    request = StreamRequest("/v1/chat/completions", b"{}", {"X-Fake": script}, **limits)
+def run(
+    server: FakeServer,
+    script: str,
+    *,
+    first_token_timeout_s: float,
+    head_timeout_s: float | None = None,
+    timeout_s: float = 60.0,
+) -> StreamResult:
+    request = StreamRequest(
+        "/v1/chat/completions",
+        b"{}",
+        {"X-Fake": script},
+        timeout_s=timeout_s,
+        head_timeout_s=head_timeout_s,
+        first_token_timeout_s=first_token_timeout_s,
+    )
     result = StreamResult(request_id=script, t_send=0.0)
     StreamClient(server.url).stream(request, result)
     return result

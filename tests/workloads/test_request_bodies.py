@@ -14,9 +14,10 @@ import pytest
 from locust import User
 from locust.env import Environment
 
-from contract import RequestRecord
+from contract import Outcome, RequestRecord
 from harness.plan import plan_from_dict
 from harness.traffic import build_user_classes
+from tests.classes import subclass
 from workloads.records import install_record_hook
 from workloads.request import StreamRequest, StreamResult
 
@@ -153,7 +154,7 @@ class Recorder:
 
     def stream(self, request: StreamRequest, result: StreamResult) -> None:
         self.sent.append(request)
-        result.outcome = "ok"
+        result.outcome = Outcome.OK
 
     def close(self) -> None:
         pass
@@ -186,9 +187,10 @@ def run_one_task(cls: type[User]) -> tuple[list[StreamRequest], list[RequestReco
     install_record_hook(env).add_listener(lambda record, **_kw: records.append(record))
     user = cls(env)
     recorder = Recorder()
-    user.client = recorder  # type: ignore[attr-defined]
+    user.client = recorder  # type: ignore[attr-defined]  # captures what would be sent
     user.on_start()
     (task,) = user.tasks
+    assert callable(task)  # Locust types tasks as TaskSet instances; ours are functions
     task(user)
     return recorder.sent, records
 
@@ -279,7 +281,7 @@ def test_min_tokens_follows_a_plan_that_changes_long_output_max_tokens() -> None
     from workloads.users import USER_CLASSES
 
     long_output = USER_CLASSES["long_output"]
-    assert long_output.min_tokens == long_output.max_tokens == 4096  # type: ignore[attr-defined]
-    capped = type("lo", (long_output,), {"max_tokens": 300})
-    own = type("lo2", (long_output,), {"max_tokens": 300, "min_tokens": 100})
-    assert capped.min_tokens == 300 and own.min_tokens == 100  # type: ignore[attr-defined]
+    assert long_output.min_tokens == long_output.max_tokens == 4096
+    capped = subclass("lo", long_output, {"max_tokens": 300})
+    own = subclass("lo2", long_output, {"max_tokens": 300, "min_tokens": 100})
+    assert capped.min_tokens == 300 and own.min_tokens == 100

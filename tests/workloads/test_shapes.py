@@ -9,6 +9,8 @@ import pytest
 from locust import User, constant, task
 from locust.env import Environment
 
+from contract import Outcome
+from tests.classes import subclass
 from tests.waiting import wait_until
 from workloads.client import StreamResult
 from workloads.records import RequestMeta, build_record, install_record_hook
@@ -36,12 +38,17 @@ class FakeClock:
         return self.t
 
 
-def attach(shape: RecordingShape) -> tuple[FakeClock, Environment]:
+def stand_in(shape: RecordingShape, runner: SimpleNamespace) -> FakeClock:
+    """Gives `shape` a fake clock and `runner` in place of Locust's, which needs a live test."""
     clock = FakeClock()
+    shape.get_run_time = clock  # type: ignore[method-assign]  # the fake clock is the point
+    shape.runner = runner  # type: ignore[assignment]  # only the attributes a shape reads
+    return clock
+
+
+def attach(shape: RecordingShape) -> tuple[FakeClock, Environment]:
     env = Environment(user_classes=[Online, Offline])
-    shape.get_run_time = clock  # type: ignore[method-assign]
-    shape.runner = SimpleNamespace(environment=env)  # type: ignore[assignment]
-    return clock, env
+    return stand_in(shape, SimpleNamespace(environment=env)), env
 
 
 def drive(shape: RecordingShape, clock: FakeClock, until_s: float) -> list[Any]:
@@ -67,13 +74,15 @@ def fire(
 ) -> None:
     meta = RequestMeta(klass, "batchco", "batch", None, 8, 8, "batch")
     for _ in range(count):
-        result = StreamResult(request_id="r", t_send=shape.now_epoch() + 0.25, outcome=outcome)
+        result = StreamResult(
+            request_id="r", t_send=shape.now_epoch() + 0.25, outcome=Outcome(outcome)
+        )
         result.http_status, result.error_code, result.ttft_s = status, code, ttft_s
         install_record_hook(env).fire(record=build_record(meta, result))
 
 
 def test_step_ramp_stops_after_rejections_start_and_records_the_load() -> None:
-    shape = type("Ramp", (StepRampShape,), {"step_s": 10, "overload_steps": 1})()
+    shape = subclass("Ramp", StepRampShape, {"step_s": 10, "overload_steps": 1})()
     clock, env = attach(shape)
     while True:
         tick = shape.tick()
@@ -94,7 +103,7 @@ def test_step_ramp_stops_after_rejections_start_and_records_the_load() -> None:
 
 
 def test_the_capacity_knee_is_where_capacity_refusals_start_not_one_tenants_quota() -> None:
-    shape = type("Ramp", (StepRampShape,), {"step_s": 10, "overload_steps": 1})()
+    shape = subclass("Ramp", StepRampShape, {"step_s": 10, "overload_steps": 1})()
     clock, env = attach(shape)
     while (tick := shape.tick()) is not None:
         users = tick[0]
@@ -110,7 +119,7 @@ def test_the_capacity_knee_is_where_capacity_refusals_start_not_one_tenants_quot
 
 
 def test_a_step_past_the_ttft_slo_is_a_knee_too() -> None:
-    shape = type("Ramp", (StepRampShape,), {"step_s": 10, "slo_ttft_p95_s": 0.9})()
+    shape = subclass("Ramp", StepRampShape, {"step_s": 10, "slo_ttft_p95_s": 0.9})()
     clock, env = attach(shape)
     while (tick := shape.tick()) is not None:
         fire(env, shape, "ok", 30, ttft_s=0.3 if tick[0] < 40 else 1.5)
@@ -124,7 +133,7 @@ def test_a_request_the_server_never_answered_breaks_the_slo_like_the_gates_say()
     """From 40 users one request in ten fails with a 500 and no first token: slower than any
     line, as the ttft gate counts it (+inf), though every answered one is fast. A client's own
     cancel with no first token is left out, so it breaks nothing."""
-    shape = type("Ramp", (StepRampShape,), {"step_s": 10, "slo_ttft_p95_s": 0.9})()
+    shape = subclass("Ramp", StepRampShape, {"step_s": 10, "slo_ttft_p95_s": 0.9})()
     clock, env = attach(shape)
     while (tick := shape.tick()) is not None:
         fire(env, shape, "ok", 27, ttft_s=0.3)
@@ -141,7 +150,7 @@ def test_the_slo_knee_reads_only_the_classes_it_is_for() -> None:
     """32K-token prompts take seconds to prefill at any load: with the SLO on the questions,
     their TTFT neither ends the ramp at its first step nor hides the questions' knee."""
     attrs = {"step_s": 10, "slo_ttft_p95_s": 0.9, "slo_traffic_classes": ("short_qa",)}
-    shape = type("Ramp", (StepRampShape,), attrs)()
+    shape = subclass("Ramp", StepRampShape, attrs)()
     clock, env = attach(shape)
     while (tick := shape.tick()) is not None:
         fire(env, shape, "ok", 30, ttft_s=0.3 if tick[0] < 40 else 1.5, klass="short_qa")
@@ -157,7 +166,7 @@ def test_the_recorded_knees_are_judged_on_every_record_of_each_step() -> None:
     crosses the SLO, and its later records bring it back under. meta.capacity must record
     the knee the whole steps show, which agrees with the bisection's bracket."""
     attrs = {"step_s": 10, "slo_ttft_p95_s": 0.9, "bisect_steps": 2, "overload_steps": 1}
-    shape = type("Ramp", (StepRampShape,), attrs)()
+    shape = subclass("Ramp", StepRampShape, attrs)()
     clock, env = attach(shape)
     first_tick = True
     while (tick := shape.tick()) is not None:
@@ -174,14 +183,14 @@ def test_the_recorded_knees_are_judged_on_every_record_of_each_step() -> None:
     assert shape.steps[0]["users"] == 10 and shape.steps[0]["ttft_p95_s"] == 0.3
     broken = [s["users"] for s in shape.steps if s["ttft_p95_s"] > 0.9]
     assert knees["slo_broken_users"] == min(broken) > 10
-    assert knees["capacity_users"] is not None
+    assert knees["capacity_users"] is not None and knees["slo_broken_users"] is not None
     assert knees["capacity_users"] < knees["slo_broken_users"] == knees["capacity_bound_users"]
     assert set(knees) == set(StepRampShape.KNEES)
 
 
 def test_bisection_brackets_the_capacity_between_the_ramp_steps() -> None:
     attrs = {"step_s": 10, "bisect_steps": 4, "bisect_resolution_users": 2, "overload_steps": 0}
-    shape = type("Ramp", (StepRampShape,), attrs)()
+    shape = subclass("Ramp", StepRampShape, attrs)()
     clock, env = attach(shape)
     while (tick := shape.tick()) is not None:
         fire(env, shape, "ok", 30)
@@ -195,7 +204,7 @@ def test_bisection_brackets_the_capacity_between_the_ramp_steps() -> None:
 
 
 def test_step_ramp_stops_at_once_when_timeouts_start() -> None:
-    shape = type("Ramp", (StepRampShape,), {"step_s": 5, "min_requests": 5})()
+    shape = subclass("Ramp", StepRampShape, {"step_s": 5, "min_requests": 5})()
     clock, env = attach(shape)
     for _ in range(100):
         tick = shape.tick()
@@ -210,7 +219,7 @@ def test_step_ramp_stops_at_once_when_timeouts_start() -> None:
 
 
 def test_step_ramp_ends_at_max_users_without_trouble() -> None:
-    shape = type("Ramp", (StepRampShape,), {"step_s": 2, "max_users": 35})()
+    shape = subclass("Ramp", StepRampShape, {"step_s": 2, "max_users": 35})()
     clock, _env = attach(shape)
     ticks = drive(shape, clock, 100)
     assert ticks[-1] is None and shape.stop_reason == "max_users"
@@ -219,8 +228,8 @@ def test_step_ramp_ends_at_max_users_without_trouble() -> None:
 
 
 def test_soak_ramps_holds_cools_down_and_ends() -> None:
-    shape = type("Soak", (SoakShape,), {"users": 20, "spawn_rate": 10, "duration_s": 10})
-    shape = type("Soak", (shape,), {"cooldown_s": 3})()
+    soak = subclass("Soak", SoakShape, {"users": 20, "spawn_rate": 10, "duration_s": 10})
+    shape = subclass("Soak", soak, {"cooldown_s": 3})()
     clock, _env = attach(shape)
     ticks = drive(shape, clock, 100)
     assert ticks[-1] is None and clock.t == 13
@@ -230,12 +239,19 @@ def test_soak_ramps_holds_cools_down_and_ends() -> None:
 
 
 def test_peak_trough_moves_batch_users_opposite_to_online_ones() -> None:
-    shape = type(
+    shape = subclass(
         "PT",
-        (PeakTroughShape,),
-        {"peak_s": 4, "trough_s": 4, "cycles": 2, "spawn_rate": 5, "peak_users": 8},
+        PeakTroughShape,
+        {
+            "peak_s": 4,
+            "trough_s": 4,
+            "cycles": 2,
+            "spawn_rate": 5,
+            "peak_users": 8,
+            "trough_users": 3,
+            "trough_batch_users": 5,
+        },
     )()
-    shape.trough_users, shape.trough_batch_users = 3, 5  # type: ignore[misc]
     clock, _env = attach(shape)
     ticks = drive(shape, clock, 100)
     assert ticks[-1] is None and clock.t == 16
@@ -265,17 +281,22 @@ class Preemptor(Online):
 
 
 def test_peak_trough_runs_named_trough_classes_with_the_batch_users() -> None:
-    shape = type(
+    shape = subclass(
         "PT",
-        (PeakTroughShape,),
-        {"peak_s": 2, "trough_s": 2, "cycles": 1, "spawn_rate": 5, "peak_users": 4},
+        PeakTroughShape,
+        {
+            "peak_s": 2,
+            "trough_s": 2,
+            "cycles": 1,
+            "spawn_rate": 5,
+            "peak_users": 4,
+            "trough_users": 4,
+            "trough_batch_users": 3,
+            "trough_classes": ("Preemptor",),
+        },
     )()
-    shape.trough_users, shape.trough_batch_users = 4, 3  # type: ignore[misc]
-    shape.trough_classes = ("Preemptor",)  # type: ignore[misc]
-    clock = FakeClock()
     env = Environment(user_classes=[Online, Offline, Preemptor])
-    shape.get_run_time = clock  # type: ignore[method-assign]
-    shape.runner = SimpleNamespace(environment=env)  # type: ignore[assignment]
+    clock = stand_in(shape, SimpleNamespace(environment=env))
     ticks = drive(shape, clock, 100)
     assert ticks[:-1] == [
         (4, 5, [Online]),  # peak: the trough class does not run
@@ -287,16 +308,21 @@ def test_peak_trough_runs_named_trough_classes_with_the_batch_users() -> None:
 
 def test_a_transition_step_waits_until_the_runner_reaches_its_count() -> None:
     """Locust restarts its ramp on every new tick, so a step must not be cut short."""
-    shape = type(
+    shape = subclass(
         "PT",
-        (PeakTroughShape,),
-        {"peak_s": 2, "trough_s": 60, "cycles": 1, "spawn_rate": 2, "peak_users": 4},
+        PeakTroughShape,
+        {
+            "peak_s": 2,
+            "trough_s": 60,
+            "cycles": 1,
+            "spawn_rate": 2,
+            "peak_users": 4,
+            "trough_users": 10,
+            "trough_batch_users": 4,
+        },
     )()
-    shape.trough_users, shape.trough_batch_users = 10, 4  # type: ignore[misc]
-    clock = FakeClock()
     runner = SimpleNamespace(environment=Environment(user_classes=[Online, Offline]), user_count=4)
-    shape.get_run_time = clock  # type: ignore[method-assign]
-    shape.runner = runner  # type: ignore[assignment]
+    clock = stand_in(shape, runner)
     seen = []
     for count in (4, 4, 4, 6, 8, 10, 12):
         runner.user_count = count
@@ -308,9 +334,9 @@ def test_a_transition_step_waits_until_the_runner_reaches_its_count() -> None:
 
 
 def test_peak_trough_moves_batch_users_in_a_real_locust_run() -> None:
-    shape = type(
+    shape = subclass(
         "PT",
-        (PeakTroughShape,),
+        PeakTroughShape,
         {
             "peak_s": 3.0,
             "trough_s": 3.0,

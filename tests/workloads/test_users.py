@@ -10,16 +10,16 @@ from typing import Any
 
 import gevent
 import pytest
-from locust import User
 from locust.env import Environment
 from locust.exception import StopUser
-from locust.user.users import LOCUST_STATE_STOPPING
+from locust.user.task import LOCUST_STATE_STOPPING
 
 from contract import RequestRecord
+from tests.classes import subclass
 from tests.waiting import wait_until
 from tests.workloads.fakes import FakeServer, fake_server
 from workloads.records import install_record_hook
-from workloads.users import USER_CLASSES
+from workloads.users import USER_CLASSES, KvgateUser
 from workloads.users import base as users_base
 
 
@@ -29,8 +29,8 @@ def server() -> Iterator[FakeServer]:
         yield srv
 
 
-def make_user(name: str, url: str, **overrides: Any) -> tuple[User, list[RequestRecord]]:
-    cls = type(f"Plan_{name}", (USER_CLASSES[name],), {"prompt_tokens": 16, **overrides})
+def make_user(name: str, url: str, **overrides: Any) -> tuple[KvgateUser, list[RequestRecord]]:
+    cls = subclass(f"Plan_{name}", USER_CLASSES[name], {"prompt_tokens": 16, **overrides})
     env = Environment(user_classes=[cls], host=url)
     records: list[RequestRecord] = []
     install_record_hook(env).add_listener(lambda record, **_kw: records.append(record))
@@ -39,8 +39,9 @@ def make_user(name: str, url: str, **overrides: Any) -> tuple[User, list[Request
     return user, records
 
 
-def run_task(user: User) -> None:
+def run_task(user: KvgateUser) -> None:
     (task,) = user.tasks
+    assert callable(task)  # Locust types tasks as TaskSet instances; ours are functions
     task(user)
 
 
@@ -86,13 +87,13 @@ def test_every_class_streams_with_usage_and_records_each_request(
     for headers, body in requests:
         assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
         if own_identity:
-            assert headers["authorization"] == f"Bearer {user.api_key}"  # type: ignore[attr-defined]
-            assert headers["x-priority"] == user.priority  # type: ignore[attr-defined]
+            assert headers["authorization"] == f"Bearer {user.api_key}"
+            assert headers["x-priority"] == user.priority
         assert body["max_tokens"] == 32
     for record in records:
-        assert record.traffic_class == user.traffic_class  # type: ignore[attr-defined]
+        assert record.traffic_class == user.traffic_class
         assert record.max_tokens == 32 and record.asked_priority is not None
-        assert record.tenant == user.tenant or not own_identity  # type: ignore[attr-defined]
+        assert record.tenant == user.tenant or not own_identity
         assert record.request_id in server.seen
 
 
@@ -126,7 +127,8 @@ def test_shared_prefix_sends_public_and_private_prefix_headers(server: FakeServe
     user, records = make_user("shared_prefix", server.url, prefix_tokens=100)
     for _ in range(30):
         run_task(user)
-    publics, privates = set(), set()
+    publics: set[str] = set()
+    privates: set[str] = set()
     for headers, body in sent(server):
         assert headers["x-kvgate-prefix-tokens"] == "100"
         system = body["messages"][0]
@@ -143,7 +145,7 @@ def test_private_prefixes_differ_between_tenants(server: FakeServer) -> None:
         user, _ = make_user("shared_prefix", server.url, prefix_tokens=20, public_share=0.0)
         for _ in range(6):
             run_task(user)
-        tenant = user.tenant  # type: ignore[attr-defined]
+        tenant = user.tenant
         contents.setdefault(tenant, set()).update(
             body["messages"][0]["content"] for _h, body in sent(server)[-6:]
         )
@@ -159,7 +161,7 @@ def test_a_shared_prefix_class_given_a_key_sends_as_that_tenant(server: FakeServ
         named = {"api_key": "kvg-cap3-key", "api_key_name": "cap3", "tenant": "cap3"}
         user, records = make_user("shared_prefix", server.url, prefix_tokens=20, **named)
         run_task(user)
-        assert user.tenant == "cap3" and records[-1].tenant == "cap3"  # type: ignore[attr-defined]
+        assert user.tenant == "cap3" and records[-1].tenant == "cap3"
         headers, _ = sent(server)[-1]
         assert headers["authorization"] == "Bearer kvg-cap3-key"
 
@@ -209,7 +211,7 @@ def test_a_class_with_phases_starts_tasks_only_in_them(server: FakeServer) -> No
         {"name": "peak", "t0": 1.0, "t1": None},
     ]
     waiting.join(timeout=10)
-    assert waiting.successful() and waiting.value >= 0
+    assert waiting.successful() and waiting.value is not None and waiting.value >= 0
     run_task(user)
     assert len(records) == 1 and len(server.requests) == 1
 
@@ -295,7 +297,7 @@ def test_batch_backs_off_as_retry_after_asks(
 
 
 def test_missing_host_is_a_clear_error() -> None:
-    cls = type("NoHost", (USER_CLASSES["batch"],), {})
+    cls = subclass("NoHost", USER_CLASSES["batch"], {})
     with pytest.raises(Exception, match="no target"):
         cls(Environment(user_classes=[cls]))
 
@@ -307,9 +309,10 @@ def test_users_on_different_workers_send_different_prompts(
     for worker_index in (0, 1, 0):
         # Each worker process counts its users from 0.
         monkeypatch.setattr(users_base, "_instances", itertools.count())
-        cls = type("Plan_w", (USER_CLASSES["short_qa_interactive"],), {"prompt_tokens": 16})
+        cls = subclass("Plan_w", USER_CLASSES["short_qa_interactive"], {"prompt_tokens": 16})
         env = Environment(user_classes=[cls], host=server.url)
+        # a worker runner, reduced to the one attribute the user reads
         env.runner = SimpleNamespace(worker_index=worker_index)  # type: ignore[assignment]
-        prompts.append(cls(env).user_prompt(16))  # type: ignore[attr-defined]
+        prompts.append(cls(env).user_prompt(16))
     assert prompts[0] != prompts[1]
     assert prompts[0] == prompts[2]  # reproducible

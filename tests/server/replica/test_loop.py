@@ -33,7 +33,7 @@ def _submit(rt: ReplicaRuntime, rid: str, max_tokens: int) -> tuple[Stream, Fake
     req = SeqRequest(rid, "acme", Priority.INTERACTIVE, tuple(range(100, 120)), max_tokens)
     assert rt.loop.submit(stream, req).outcome is Decision.ADMIT
     transport = FakeTransport()
-    stream.attach(transport)  # type: ignore[arg-type]
+    stream.attach(transport)
     return stream, transport
 
 
@@ -135,7 +135,7 @@ def test_idle_gpu_holds_no_activations(tmp_path: Path) -> None:
             steps.append(work)
             run_step(work, kv_blocks, fragmentation)
 
-        rt.loop.gpu.run_step = recording_run_step  # type: ignore[method-assign]
+        rt.loop.gpu.run_step = recording_run_step  # type: ignore[method-assign]  # a spy
         rt.loop.start()
         streams = [_submit(rt, f"m{i}", 8) for i in range(4)]
         await asyncio.wait_for(asyncio.gather(*(s.wait_done() for s, _ in streams)), 10)

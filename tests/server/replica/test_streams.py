@@ -4,18 +4,22 @@ from __future__ import annotations
 
 import asyncio
 import json
+from typing import Any
 
 from server.replica.streams import Stream, StreamSpec, natural_length
 from server.scheduler import Priority
 from server.tokenizer import TextTokenizer
 
 
-class FakeTransport:
+class FakeTransport(asyncio.Transport):
+    """Keeps what is written; `closing` stands for a client that went away."""
+
     def __init__(self) -> None:
+        super().__init__()
         self.data = b""
         self.closing = False
 
-    def write(self, data: bytes) -> None:
+    def write(self, data: bytes | bytearray | memoryview) -> None:
         self.data += data
 
     def is_closing(self) -> bool:
@@ -25,24 +29,24 @@ class FakeTransport:
         return 0
 
 
-def _spec(kind: str, **kw: object) -> StreamSpec:
-    base = dict(
+def _spec(
+    kind: str, stream: bool = True, include_usage: bool = True, ignore_eos: bool = True
+) -> StreamSpec:
+    return StreamSpec(
         request_id='id"1',
         tenant="acme",
         priority=Priority.INTERACTIVE,
         kind=kind,
         model="llama-3-8b",
-        stream=True,
-        include_usage=True,
+        stream=stream,
+        include_usage=include_usage,
         debug_timing=False,
         prompt_tokens=7,
-        ignore_eos=True,
+        ignore_eos=ignore_eos,
     )
-    base.update(kw)
-    return StreamSpec(**base)  # type: ignore[arg-type]
 
 
-def _unframe(raw: bytes) -> list[dict]:
+def _unframe(raw: bytes) -> list[dict[str, Any]]:
     events, rest = [], raw
     while rest:
         size, _, rest = rest.partition(b"\r\n")
@@ -56,14 +60,14 @@ def _unframe(raw: bytes) -> list[dict]:
     return events
 
 
-def _run(kind: str, **kw: object) -> tuple[Stream, list[dict]]:
-    async def go() -> tuple[Stream, list[dict]]:
+def _run(kind: str, **kw: bool) -> tuple[Stream, list[dict[str, Any]]]:
+    async def go() -> tuple[Stream, list[dict[str, Any]]]:
         words = TextTokenizer().output_json
         s = Stream(_spec(kind, **kw), words)
         s.set_budget(max_new=3, cached_tokens=2)
         t = FakeTransport()
         s.emit(b"}")  # before the handler attached: buffered, not lost
-        s.attach(t)  # type: ignore[arg-type]
+        s.attach(t)
         for _ in range(2):
             assert s.emit(b',"kvgate_emit_ts":1.5}') is None
         s.finish(2.0)
@@ -94,10 +98,11 @@ def test_non_streaming_body() -> None:
     s, events = _run("chat", stream=False)
     assert events == []
     body = s.response_body()
-    choice = body["choices"][0]  # type: ignore[index]
-    assert choice["finish_reason"] == "length"
-    assert len(choice["message"]["content"].split()) == 3
-    assert body["usage"]["completion_tokens"] == 3  # type: ignore[index]
+    choices, usage = body["choices"], body["usage"]
+    assert isinstance(choices, list) and isinstance(usage, dict)
+    assert choices[0]["finish_reason"] == "length"
+    assert len(choices[0]["message"]["content"].split()) == 3
+    assert usage["completion_tokens"] == 3
 
 
 def test_completion_chunks_and_natural_stop() -> None:
@@ -112,7 +117,7 @@ def test_closed_transport_asks_for_cancel() -> None:
         s = Stream(_spec("chat"), TextTokenizer().output_json)
         s.set_budget(max_new=5, cached_tokens=0)
         t = FakeTransport()
-        s.attach(t)  # type: ignore[arg-type]
+        s.attach(t)
         t.closing = True
         return s.emit(b"}")
 

@@ -41,7 +41,7 @@ def small_config(**overrides: object) -> SchedulerConfig:
         "critical_reserve": 0.0,
     }
     values.update(overrides)
-    return SchedulerConfig(**values)  # type: ignore[arg-type]
+    return SchedulerConfig(**values)
 
 
 def quota(name: str, **overrides: object) -> TenantQuota:

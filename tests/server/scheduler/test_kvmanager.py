@@ -111,4 +111,4 @@ def test_the_view_reads_the_live_state_and_cannot_be_written() -> None:
     s.cancel("r")
     assert view.committed_blocks == 0 and list(view.running()) == []
     with pytest.raises(dataclasses.FrozenInstanceError):
-        view._kv = s.kv  # type: ignore[misc]
+        view._kv = s.kv  # type: ignore[misc]  # the write this test expects to be refused

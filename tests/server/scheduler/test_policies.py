@@ -10,10 +10,13 @@ from tests.server.scheduler.helpers import FakeClock, req, small_config, step, t
 GIB = 1 << 30
 
 
-def make(policy: str, **kw: object) -> tuple[Scheduler, FakeClock]:
+def make(policy: str, device_free_bytes: int | None = None) -> tuple[Scheduler, FakeClock]:
     clock = FakeClock()
     cfg = small_config(kv_pool_gib=4.0, step_token_budget=1024)
-    return Scheduler(cfg, tenants("a"), policy=policy, clock=clock, **kw), clock  # type: ignore[arg-type]
+    scheduler = Scheduler(
+        cfg, tenants("a"), policy=policy, clock=clock, device_free_bytes=device_free_bytes
+    )
+    return scheduler, clock
 
 
 def long_context_load(s: Scheduler, n: int = 12) -> list[Decision]:

@@ -5,7 +5,7 @@ baselines keep arrival order."""
 
 from __future__ import annotations
 
-from server.scheduler import Priority, Scheduler
+from server.scheduler import Priority, Scheduler, StepPlan
 from server.scheduler.step import HEAD_SHARE
 from tests.server.scheduler.helpers import FakeClock, req, small_config, step, tenants
 
@@ -18,8 +18,8 @@ def make(policy: str = "seed") -> tuple[Scheduler, FakeClock]:
     return Scheduler(cfg, tenants("a", "b", "c", "d"), policy=policy, clock=clock), clock
 
 
-def chunks(plan: object) -> dict[str, int]:
-    return {c.request_id: c.tokens for c in plan.prefill}  # type: ignore[attr-defined]
+def chunks(plan: StepPlan) -> dict[str, int]:
+    return {c.request_id: c.tokens for c in plan.prefill}
 
 
 def test_short_prompt_is_prefilled_at_once_behind_long_ones_of_its_class() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import pytest
 
@@ -22,9 +23,10 @@ from tests.server.scheduler.helpers import (
 SYSTEM = tuple(range(500, 564))  # a 64-token system prompt: 4 full blocks
 
 
-def spec(public: bool, **kw: object) -> PrefixSpec:
+def spec(public: bool, **kw: Any) -> PrefixSpec:
+    """The test's prefix; `kw` changes any of its fields (one per parametrized case)."""
     base = PrefixSpec(64, public, "llama-3-8b", "tok-v1", "none", "chatml")
-    return dataclasses.replace(base, **kw)  # type: ignore[arg-type]
+    return dataclasses.replace(base, **kw)
 
 
 def prompt(tail: int) -> tuple[int, ...]:

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import contract
-from server.scheduler import Decision, PrefixSpec, Priority, Scheduler, SeqState
+from server.scheduler import Decision, PrefixSpec, Priority, Scheduler, SeqRequest, SeqState
 from server.scheduler.sequence import Sequence
 from server.scheduler.victims import TIER_STREAMED, tier
 from server.scheduler.waitqueue import ClassQueue
@@ -83,7 +83,7 @@ def build(policy: str) -> tuple[Scheduler, FakeClock]:
     return sched, clock
 
 
-def to_request(op: Submit, n: int) -> object:
+def to_request(op: Submit, n: int) -> SeqRequest:
     tokens = tuple(range(n * 1000, n * 1000 + op.prompt))
     spec = None
     if op.prefix:
@@ -134,7 +134,7 @@ def run_ops(policy: str, program: list[object]) -> None:
     live: list[str] = []
     for n, op in enumerate(program):
         if isinstance(op, Submit):
-            verdict = s.submit(to_request(op, n))  # type: ignore[arg-type]
+            verdict = s.submit(to_request(op, n))
             t.note(f"r{n}")
             if verdict.outcome is not Decision.REJECT:
                 live.append(f"r{n}")
