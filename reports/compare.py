@@ -147,7 +147,7 @@ def latency_tests(candidate: RunData, baseline: RunData) -> list[LatencyTest]:
 
 def adjust(latency: list[LatencyTest], rates: list[RateTest]) -> dict[str, Any]:
     """Set every test's Holm-adjusted p value, the family being every latency test and every
-    rate with a failure in either run (one with none cannot differ, and is left at 1)."""
+    rate that can differ (`RateTest.in_family`; one that cannot is left at 1)."""
     family: list[LatencyTest | RateTest] = [*latency, *(r for r in rates if r.in_family)]
     for test, adjusted in zip(family, holm([t.p_value for t in family]), strict=True):
         test.p_adjusted = adjusted

@@ -44,8 +44,8 @@ class Failure:
 class RateTest:
     """One gate's failure rate in both runs and the exact test that the candidate's is higher.
 
-    `p_adjusted` is Holm's over every test of the comparison; a rate with no failure in
-    either run cannot differ and stays out of that family (`in_family`)."""
+    `p_adjusted` is Holm's over every test of the comparison; a rate that cannot differ (no
+    failure in either run, or nothing but failures) stays out of that family (`in_family`)."""
 
     gate: str
     metric: str
@@ -90,11 +90,11 @@ class RateTest:
 
     def text(self) -> str:
         return (
-            f"{self.gate} ({self.scope}): {self.failure} in {self.failed_candidate} of "
-            f"{self.n_candidate} ({self.rate_candidate:.2%}) vs {self.failed_baseline} of "
-            f"{self.n_baseline} ({self.rate_baseline:.2%}), {100 * self.change:+.2f} pp beyond "
-            f"the {100 * self.margin:.2g} pp margin, p={self.p_value:.2g} "
-            f"(Holm {self.p_adjusted:.2g})"
+            f"{self.gate} ({self.scope}): {self.failed_candidate} of {self.n_candidate} "
+            f"failed ({self.rate_candidate:.2%}) vs {self.failed_baseline} of "
+            f"{self.n_baseline} ({self.rate_baseline:.2%}), a failure being {self.failure}; "
+            f"{100 * self.change:+.2f} pp, beyond the {100 * self.margin:.2g} pp margin, "
+            f"p={self.p_value:.2g} (Holm {self.p_adjusted:.2g})"
         )
 
 
@@ -147,7 +147,7 @@ def rate_tests(
                 n_baseline=nb,
                 p_value=p_value,
                 test=test,
-                in_family=fc + fb > 0,
+                in_family=test != "none",
             )
         )
     return tests

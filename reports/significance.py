@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import numpy as np
 from scipy.stats import boschloo_exact, fisher_exact
 
 ALPHA = 0.01  # family-wise: the chance that identical schedulers are told apart at all
@@ -33,10 +34,12 @@ def worse_rate_p(
         return 1.0, "none"
     # columns are the two samples (their sizes fixed by the runs), rows failed / not failed;
     # "greater": the candidate's column has the larger share of failures
-    table = [
-        [failed_candidate, failed_baseline],
-        [n_candidate - failed_candidate, n_baseline - failed_baseline],
-    ]
+    table = np.array(
+        [
+            [failed_candidate, failed_baseline],
+            [n_candidate - failed_candidate, n_baseline - failed_baseline],
+        ]
+    )
     if n_candidate * n_baseline <= BOSCHLOO_MAX_TABLES:
         return float(boschloo_exact(table, alternative="greater").pvalue), "boschloo"
     return float(fisher_exact(table, alternative="greater").pvalue), "fisher"
