@@ -55,24 +55,32 @@ def _evidence(rows: pd.DataFrame, value: pd.Series, time_column: str) -> pd.Data
     )
 
 
-def _latency(run: RunData, flt: GateFilter, column: str, what: str) -> Observations:
-    """Each request's latency; one the server failed to answer is +inf (a breach), one the
-    client cancelled first or that was refused with a 4xx is left out and counted in notes."""
-    rows = select(run.requests, run, flt, "t_send")
-    if isinstance(rows, str):
-        return Observations.none(rows)
+def latencies(rows: pd.DataFrame, column: str) -> pd.Series:
+    """Each request's latency in `column`, indexed as `rows`: the measured value, +inf for one
+    the server failed to answer, NaN (not judged) for one the client cancelled first or that
+    was refused with a 4xx. The latency metrics and `kvgate compare` judge by this."""
     measured = rows[column].notna()
     # contract.quantiles.censored_latency, over a table: a failed ending or any 5xx (a 503
     # refusal included: the server could not serve it) is a censored latency (+inf).
     server_failed = ~measured & (
         rows["outcome"].isin(FAILED_OUTCOMES).to_numpy() | rows["http_status"].ge(500).to_numpy()
     )
-    kept = rows[measured | server_failed]
+    return rows[column].astype(float).mask(server_failed, np.inf)
+
+
+def _latency(run: RunData, flt: GateFilter, column: str, what: str) -> Observations:
+    """Each request's latency (`latencies`): +inf for one the server failed to answer (a
+    breach); the requests left out are counted in notes."""
+    rows = select(run.requests, run, flt, "t_send")
+    if isinstance(rows, str):
+        return Observations.none(rows)
+    value = latencies(rows, column)
+    judged = value.notna()
+    kept = rows[judged]
     if kept.empty:
         return Observations.none(f"no {_describe(flt)} request has a {what} in this run")
-    value = kept[column].where(kept[column].notna(), np.inf)
-    frame = _evidence(kept, value, "t_send")
-    censored = server_failed[measured | server_failed].to_numpy()
+    frame = _evidence(kept, value[judged], "t_send")
+    censored = kept[column].isna().to_numpy()
     failed = kept[censored]
     frame.loc[censored, "detail"] = [
         f"no {what}: {outcome} status={_int_text(status)} {code if isinstance(code, str) else ''}"
@@ -83,7 +91,7 @@ def _latency(run: RunData, flt: GateFilter, column: str, what: str) -> Observati
     notes = []
     if censored.any():
         notes.append(f"{int(censored.sum())} requests got no {what} and count as breaches (+inf)")
-    left_out = rows[~(measured | server_failed)]
+    left_out = rows[~judged]
     if not left_out.empty:
         why = left_out["outcome"].astype(str) + " " + left_out["http_status"].astype(str)
         counts = ", ".join(f"{n} {k}" for k, n in why.value_counts().items())

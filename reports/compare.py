@@ -2,13 +2,16 @@
 
 Per gate both verdicts; per traffic class and priority a Mann-Whitney U test with the
 rank-biserial effect size (positive: the candidate is slower) on TTFT, end-to-end and
-cancel-to-release latency; rejection rates; reservation error. The decision is PROMOTE,
-HOLD (a human decides) or ROLLBACK to the baseline's scheduler config digest with a lower
-global admission watermark, and names the likely cause.
+cancel-to-release latency, a request never answered counted +inf as the gates count it;
+per failure rate a gate bounds, an exact one-sided test (reports/rates.py); every p value
+adjusted by Holm over all of them; rejection rates; reservation error. The decision is
+PROMOTE, HOLD (a human decides) or ROLLBACK to the baseline's scheduler config digest with
+a lower global admission watermark, and names the likely cause.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -19,15 +22,18 @@ from scipy.stats import mannwhitneyu
 
 from contract import EventKind
 from contract.enums import DEATH_EVENTS
+from gates.metrics_requests import latencies
 from gates.rundir import RunData
 from gates.stats import percentile
 from gates.terms import Cause
 from gates.verdict import Verdict, _clean
 from reports import analysis
+from reports.rates import RateTest
+from reports.significance import ALPHA, holm
 
 MAX_SAMPLES = 20_000  # per side; a rank test on more adds nothing but time
 MIN_SAMPLES = 20
-ALPHA = 0.01
+MULTIPLICITY = "holm"
 SMALL_EFFECT, LARGE_EFFECT = 0.1, 0.3
 WATERMARK_STEP, WATERMARK_FLOOR = 0.05, 0.5
 
@@ -53,14 +59,15 @@ class LatencyTest:
     median_baseline: float
     p_value: float
     effect: float  # rank-biserial: P(candidate > baseline) - P(candidate < baseline)
+    p_adjusted: float = math.nan  # Holm's, over every test of the comparison (`adjust`)
 
     @property
     def regression(self) -> bool:
-        return self.p_value < ALPHA and self.effect >= SMALL_EFFECT
+        return self.p_adjusted < ALPHA and self.effect >= SMALL_EFFECT
 
     @property
     def large_regression(self) -> bool:
-        return self.p_value < ALPHA and self.effect >= LARGE_EFFECT
+        return self.p_adjusted < ALPHA and self.effect >= LARGE_EFFECT
 
 
 @dataclass(slots=True)
@@ -77,6 +84,9 @@ class Comparison:
     baseline: dict[str, Any]
     gates: list[dict[str, Any]]
     latency: list[LatencyTest]
+    rates: list[RateTest]
+    # how the p values were adjusted: method, the number of tests in the family, alpha
+    multiplicity: dict[str, Any]
     rejections: list[dict[str, Any]]
     reservation: dict[str, dict[str, float | None]]
     notes: list[str] = field(default_factory=list)
@@ -91,6 +101,7 @@ class Comparison:
             {**asdict(t), "regression": t.regression, "large_regression": t.large_regression}
             for t in self.latency
         ]
+        data["rates"] = [r.to_dict() for r in self.rates]
         data["exit_code"] = self.exit_code
         return dict(_clean(data))
 
@@ -134,10 +145,25 @@ def latency_tests(candidate: RunData, baseline: RunData) -> list[LatencyTest]:
     return tests
 
 
+def adjust(latency: list[LatencyTest], rates: list[RateTest]) -> dict[str, Any]:
+    """Set every test's Holm-adjusted p value, the family being every latency test and every
+    rate that can differ (`RateTest.in_family`; one that cannot is left at 1)."""
+    family: list[LatencyTest | RateTest] = [*latency, *(r for r in rates if r.in_family)]
+    for test, adjusted in zip(family, holm([t.p_value for t in family]), strict=True):
+        test.p_adjusted = adjusted
+    for r in rates:
+        if not r.in_family:
+            r.p_adjusted = 1.0
+    return {"method": MULTIPLICITY, "tests": len(family), "alpha": ALPHA}
+
+
 def _request_groups(run: RunData, column: str) -> dict[str, np.ndarray]:
-    rows = run.requests[run.requests[column].notna()]
+    """Per class/priority, each request's latency as the latency gates judge it: a request
+    the server never answered is +inf, not dropped (gates.metrics_requests.latencies)."""
+    value = latencies(run.requests, column)
+    rows = run.requests[value.notna()]
     group = rows["traffic_class"].astype(str) + "/" + rows["priority"].astype(str)
-    return {str(k): v.to_numpy(dtype=float) for k, v in rows[column].groupby(group)}
+    return {str(k): v.to_numpy(dtype=float) for k, v in value[value.notna()].groupby(group)}
 
 
 def _release_groups(run: RunData) -> dict[str, np.ndarray]:

@@ -2,9 +2,10 @@
 the rollback decision, each run judged by the server profile its meta.json keeps (or by
 today's profile files with --current-profiles).
 
-Writes rollback.md and rollback.json (into the candidate run, or --out); exits 0 promote,
-4 hold, 3 rollback, 2 usage (bad arguments, run directories or gate file, or an output that
-cannot be written).
+Each run passes the evidence checks before it is judged. Writes rollback.md and
+rollback.json (into the candidate run, or --out); exits 0 promote, 4 hold, 3 rollback, 2
+usage (bad arguments, run directories or gate file, a run the evidence checks refuse, or
+an output that cannot be written).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from gates import schema
+from gates.evidence import EvidenceRefused, check_evidence
 from gates.rundir import RunDirError, load_run, unwritable
 from gates.spec import GateSpecError, load_gate_file
 from gates.verdict import EXIT_USAGE
@@ -65,6 +67,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         gate_file = load_gate_file(args.gates)
         candidate = load_run(args.candidate, current_profiles=args.current_profiles)
         baseline = load_run(args.baseline, current_profiles=args.current_profiles)
+        for side, run in (("candidate", candidate), ("baseline", baseline)):
+            try:
+                check_evidence(run)
+            except EvidenceRefused as exc:
+                print(f"kvgate compare: the {side} run {run.path}: {exc}", file=sys.stderr)
+                return EXIT_USAGE
         comparison = compare_runs(candidate, baseline, gate_file)
     except (RunDirError, GateSpecError) as exc:
         print(f"kvgate compare: {exc}", file=sys.stderr)

@@ -1,9 +1,11 @@
 """Decision rules of the rollback comparison, and the likely cause.
 
-ROLLBACK: the candidate fails a key gate the baseline passes, or is much slower (large,
-significant effect) for critical/interactive traffic or release. HOLD: something is off
-but rolling back is not clearly right (a run cannot judge, the baseline fails too, small
-regressions, marginal gates); a baseline that cannot judge its timings still supports a
+ROLLBACK: the candidate fails a key gate the baseline passes, is much slower (large,
+significant effect) for critical/interactive traffic or release, or newly fails (an
+exact test, beyond the gate's own tolerance) on a rate a key gate bounds. HOLD: something
+is off but rolling back is not clearly right (a run cannot judge, the evidence checks
+distrust either run, the baseline fails too, small regressions, a rate a non-key gate
+bounds, marginal gates); a baseline that cannot judge its timings still supports a
 rollback from a candidate that fails a key gate no timing can fake (an OOM, a leak). Which
 failures timing could fake, and which cause each failure points to, the gates' metrics
 declare (gates/registry.py); no rule here names a metric.
@@ -14,6 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from gates.evaluator import evaluate
+from gates.evidence import EvidenceReport, check_evidence
 from gates.rundir import RunData
 from gates.spec import GateFile
 from gates.terms import Cause
@@ -27,12 +30,14 @@ from reports.compare import (
     Comparison,
     Decision,
     LatencyTest,
+    adjust,
     gate_pairs,
     latency_tests,
     rejection_table,
     reservation_summary,
     usage_at_first_oom,
 )
+from reports.rates import RateTest, rate_tests
 
 REJECTION_RISE = 0.02
 UNDER_RESERVED_RISE = 0.02
@@ -42,10 +47,16 @@ MAX_REASONS = 8
 
 
 def compare_runs(candidate: RunData, baseline: RunData, gate_file: GateFile) -> Comparison:
-    """Judge both runs with the same gates and decide."""
+    """Judge both runs with the same gates and decide. Each run passes the evidence checks
+    first (they may correct its tables, or raise EvidenceRefused), so every test below reads
+    what its gates judged."""
+    check_evidence(candidate)
+    check_evidence(baseline)
     cand_verdict, base_verdict = evaluate(candidate, gate_file), evaluate(baseline, gate_file)
     gates = gate_pairs(cand_verdict, base_verdict)
     tests = latency_tests(candidate, baseline)
+    rates = rate_tests(candidate, baseline, gate_file, gates)
+    multiplicity = adjust(tests, rates)
     rejections = rejection_table(candidate, baseline)
     reservation = {
         "candidate": reservation_summary(candidate),
@@ -53,7 +64,7 @@ def compare_runs(candidate: RunData, baseline: RunData, gate_file: GateFile) -> 
     }
     evidence = likely_causes(gates, tests, rejections, reservation)
     scores = {k: sum(points for points, _ in items) for k, items in evidence.items()}
-    decision, reasons = rules(cand_verdict, base_verdict, gates, tests)
+    decision, reasons = rules(cand_verdict, base_verdict, gates, tests, rates)
     ranked = sorted((k for k in scores if scores[k] > 0), key=lambda k: -scores[k])
     watermark, why = (None, "")
     # an admission watermark is the reference scheduler's knob; another engine has none
@@ -75,13 +86,19 @@ def compare_runs(candidate: RunData, baseline: RunData, gate_file: GateFile) -> 
         baseline=_summary(baseline, base_verdict),
         gates=gates,
         latency=tests,
+        rates=rates,
+        multiplicity=multiplicity,
         rejections=rejections,
         reservation=reservation,
     )
 
 
 def rules(
-    cand: Verdict, base: Verdict, gates: list[dict[str, Any]], tests: list[LatencyTest]
+    cand: Verdict,
+    base: Verdict,
+    gates: list[dict[str, Any]],
+    tests: list[LatencyTest],
+    rates: list[RateTest],
 ) -> tuple[Decision, list[str]]:
     untrusted = bool(cand.run_problems)
     key_fail = [
@@ -97,20 +114,32 @@ def rules(
         if t.large_regression and (t.metric == "cancel_release" or "/batch" not in t.group)
     ]
     small = [t for t in tests if t.regression and t not in large]
+    # A failure is no timing (gates/verdict.py): a candidate that newly fails on a rate a key
+    # gate bounds rolls back whatever its timings; one a lesser gate bounds holds.
+    worse = sorted((r for r in rates if r.worse), key=lambda r: not r.key)
     reasons = [
         f"candidate fails key gate {g['id']} ({_value(g, 'candidate')}) which the baseline passes"
         for g in new_fail
     ]
     reasons += [
         f"{t.metric} {t.group} is slower: median {t.median_candidate:.3g}s "
-        f"vs {t.median_baseline:.3g}s, effect {t.effect:+.2f}, p={t.p_value:.2g}"
+        f"vs {t.median_baseline:.3g}s, effect {t.effect:+.2f}, p={t.p_value:.2g} "
+        f"(Holm {t.p_adjusted:.2g})"
         for t in sorted(large, key=lambda t: -t.effect)[:MAX_REASONS]
     ]
     if len(large) > MAX_REASONS:
         reasons.append(
             f"... and {len(large) - MAX_REASONS} more significantly slower class/priority groups"
         )
+    reasons += [f"candidate fails more often: {r.text()}" for r in worse]
+    distrusted = {"candidate": _evidence_problems(cand), "baseline": _evidence_problems(base)}
+    reasons += [
+        f"the evidence checks distrust the {side} run: {problem}"
+        for side, problems in distrusted.items()
+        for problem in problems
+    ]
     if base.status == Status.INVALID:
+        why = _why_invalid(base, distrusted["baseline"])
         # A breach no timing can fake (an OOM, a tenant over its cap, a leak) in the candidate,
         # on a key gate the baseline passed, still rolls back: the baseline's doubts are about
         # its timings or its evidence elsewhere, and its run without that breach is real.
@@ -118,34 +147,43 @@ def rules(
         if hard:
             return Decision.ROLLBACK, [
                 *reasons,
-                "the baseline run is INVALID ("
-                + "; ".join(base.run_problems or ["key gates without data"])
-                + f"), but it passed {', '.join(g['id'] for g in hard)}, which no timing can fake",
+                f"the baseline run is INVALID ({why}), but it passed "
+                f"{', '.join(g['id'] for g in hard)}, which no timing can fake",
             ]
-        return Decision.HOLD, [
-            *reasons,
-            "the baseline run is INVALID: "
-            + "; ".join(base.run_problems or ["key gates without data"]),
-        ]
-    if new_fail or (large and not untrusted):
+        return Decision.HOLD, [*reasons, f"the baseline run is INVALID: {why}"]
+    if new_fail or (large and not untrusted) or any(r.key for r in worse):
         return Decision.ROLLBACK, reasons
     reasons += [
         f"both runs fail key gate {g['id']}: rolling back would not fix it" for g in shared_fail
     ]
     reasons += [
-        f"small regression: {t.metric} {t.group} effect {t.effect:+.2f} (p={t.p_value:.2g})"
+        f"small regression: {t.metric} {t.group} effect {t.effect:+.2f} "
+        f"(p={t.p_value:.2g}, Holm {t.p_adjusted:.2g})"
         for t in small
     ]
     if cand.status != Status.PASS:
+        rest = [p for p in cand.run_problems if p not in distrusted["candidate"]]
         reasons.append(
-            f"candidate verdict is {cand.status}"
-            + (": " + "; ".join(cand.run_problems) if untrusted else "")
+            f"candidate verdict is {cand.status}" + (": " + "; ".join(rest) if rest else "")
         )
     if reasons:
         return Decision.HOLD, reasons
     return Decision.PROMOTE, [
-        "every gate passes and no latency distribution is significantly worse"
+        "every gate passes, and no latency distribution or failure rate is significantly worse"
     ]
+
+
+def _evidence_problems(verdict: Verdict) -> list[str]:
+    """The evidence checks' findings that make `verdict`'s run untrustworthy (gates/evidence)."""
+    return EvidenceReport.from_dict(verdict.evidence).problems
+
+
+def _why_invalid(verdict: Verdict, shown: list[str]) -> str:
+    """Why a run is INVALID, leaving out the evidence problems already given as reasons."""
+    rest = [p for p in verdict.run_problems if p not in shown]
+    if rest:
+        return "; ".join(rest)
+    return "its evidence, as above" if shown else "key gates without data"
 
 
 def likely_causes(
@@ -246,6 +284,7 @@ def _value(gate: dict[str, Any], side: str) -> str:
 
 def _summary(run: RunData, verdict: Verdict) -> dict[str, Any]:
     target = run.meta.get("target") or {}
+    evidence = EvidenceReport.from_dict(verdict.evidence)
     return {
         "path": str(run.path),
         "verdict": str(verdict.status),
@@ -254,4 +293,5 @@ def _summary(run: RunData, verdict: Verdict) -> dict[str, Any]:
         "scheduler_config_digest": target.get("scheduler_config_digest"),
         "admission_watermark": analysis.scheduler_config(run).get("admission_watermark"),
         "requests": len(run.requests),
+        "evidence": {"problems": evidence.problems, "notes": evidence.notes},
     }
