@@ -134,8 +134,10 @@ def test_adjusted_p_values_are_never_below_raw_ones(synthetic_runs: dict[str, Pa
     result = compare_runs(
         load_run(synthetic_runs["oom"]), load_run(synthetic_runs["clean"]), load_gate_file()
     )
-    tests = [*result.latency, *result.rates]
-    assert tests and all(t.p_value <= t.p_adjusted <= 1.0 for t in tests)
+    pairs = [(t.p_value, t.p_adjusted) for t in result.latency] + [
+        (r.p_value, r.p_adjusted) for r in result.rates
+    ]
+    assert pairs and all(p <= adjusted <= 1.0 for p, adjusted in pairs)
     assert result.multiplicity["tests"] == len(result.latency) + sum(
         r.in_family for r in result.rates
     )
@@ -159,7 +161,7 @@ def test_holm_steps_down() -> None:
 def test_the_exact_test_is_one_sided_and_boschloo_where_affordable() -> None:
     p, test = worse_rate_p(8, 100, 0, 100)
     assert test == "boschloo" and p < 0.01
-    fisher = float(fisher_exact([[8, 0], [92, 100]], alternative="greater").pvalue)
+    fisher = float(fisher_exact(np.array([[8, 0], [92, 100]]), alternative="greater").pvalue)
     assert p <= fisher  # Boschloo is uniformly more powerful than Fisher
     assert worse_rate_p(0, 100, 8, 100)[0] > 0.99  # the candidate is better: no evidence
     n = math.isqrt(BOSCHLOO_MAX_TABLES) + 1

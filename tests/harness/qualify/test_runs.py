@@ -11,7 +11,6 @@ from typing import Any
 import pytest
 
 from gates.evidence import Effect, Finding
-from harness.qualify import runs as runs_module
 from harness.qualify.runs import markdown, run_once, summarise
 
 
@@ -94,7 +93,7 @@ def test_a_runs_record_keeps_the_evidence_problems_of_its_verdict(
         (run_dir / "meta.json").write_text(json.dumps({"sim_lag_ms_p99": 2.0}))
         return subprocess.CompletedProcess(command, 5, "", "")
 
-    monkeypatch.setattr(runs_module.subprocess, "run", kvgate_run)
+    monkeypatch.setattr(subprocess, "run", kvgate_run)
     record = run_once("plan.yaml", [], run_dir)
     assert record["status"] == "INVALID" and record["exit_code"] == 5
     assert record["evidence_problems"] == ["clock_offset: clocks disagree by 2.5 s [requests.t]"]
