@@ -5,16 +5,16 @@ interval's pessimistic end meets the line, FAIL when the point value breaks it, 
 MARGINAL (INVALID for a key gate) with the samples a conclusive judgement would need.
 
 The run's verdict, in this order (gates/README.md says the same):
-1. FAIL when a blocking gate (a key gate, or one whose gate file says `blocks: true`: the
-   seed's release criteria and the security rules) has failed in a way nothing else about
-   the run can undo: a breach of a metric that is not a timing metric, as its registration
-   declares (an OOM, a tenant over its cap), or a timing metric whose whole interval lies
-   past the line, by more than the run's timings can be late: a lagging simulator by its
-   worst measured lag; a load generator over its CPU budget by an unknown amount, so there
-   only a timing of +inf still counts (requests never answered, releases that never came:
-   a busy machine makes things slow, it does not make them vanish; gates.verdict's
-   `timing_could_fake`). More evidence elsewhere, or for a key gate that has too little,
-   would not change that.
+1. FAIL when a blocking gate (one whose gate file gives the reason it blocks, `blocks:
+   "..."`: the seed's release criteria and the security rules; its FAIL's message says the
+   reason) has failed in a way nothing else about the run can undo: a breach of a metric
+   that is not a timing metric, as its registration declares (an OOM, a tenant over its
+   cap), or a timing metric whose whole interval lies past the line, by more than the
+   run's timings can be late: a lagging simulator by its worst measured lag; a load
+   generator over its CPU budget by an unknown amount, so there only a timing of +inf
+   still counts (requests never answered, releases that never came: a busy machine makes
+   things slow, it does not make them vanish; gates.verdict's `timing_could_fake`). More
+   evidence elsewhere, or for a key gate that has too little, would not change that.
 2. INVALID when the run cannot be trusted: an evidence check says so (gates/evidence: the
    records are duplicated, clocks disagree beyond a bound, the run did not finish, ...), the
    load generator hit its CPU warning, the
@@ -182,6 +182,14 @@ def run_problems(meta: dict[str, Any]) -> list[str]:
 
 
 def judge(run: RunData, gate: GateSpec) -> GateResult:
+    """The gate's result over `run`; a FAIL that blocks the release says why."""
+    result = _judged(run, gate)
+    if result.status == Status.FAIL and result.blocks_because:
+        result.message += f"; blocks the release: {result.blocks_because}"
+    return result
+
+
+def _judged(run: RunData, gate: GateSpec) -> GateResult:
     definition = REGISTRY[gate.metric]
     why_not = f"left out by the gate file: {gate.skip}" if gate.skip else None
     why_not = why_not or not_applicable(run, gate.needs)
@@ -244,6 +252,7 @@ def _unjudged(gate: GateSpec, definition: MetricDef) -> GateResult:
         metric=gate.metric,
         key=gate.key,
         blocks=gate.blocking,
+        blocks_because=gate.blocks_because,
         weight=gate.weight,
         status=Status.PASS,
         statistic=gate.pass_.label,

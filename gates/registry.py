@@ -8,7 +8,9 @@ observation), `count` (one row per violation) or `series` (one value per window)
 files are checked against it. It also declares what its value means to the rules that read
 a verdict: `timing` (a time on the run's clocks, which a lagging simulator or a load
 generator over its CPU budget makes late, so such a run cannot prove its breach) and `cause`
-(the rollback cause its failure points to). No rule looks at a metric's name or unit.
+(the rollback cause its failure points to). Its unit is one of gates/terms.py's
+UNIT_SCALES, which says how a threshold's number on it is written (900ms, 0.99 or 99%, 40).
+No rule looks at a metric's name.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from typing import Any
 import pandas as pd
 
 from gates.rundir import RunData
-from gates.terms import KINDS, Cause, GateFilter
+from gates.terms import KINDS, UNIT_SCALES, Cause, GateFilter, Scale
 
 __all__ = ["EVIDENCE_COLUMNS", "KINDS", "REGISTRY", "Cause", "MetricDef", "Observations", "metric"]
 
@@ -100,6 +102,7 @@ def metric(
     if kind not in KINDS:
         raise ValueError(f"metric {name!r}: kind {kind!r} is not one of {', '.join(KINDS)}")
     _check_declarations(name, unit, timing, cause, cause_weight)
+    _check_unit(name, unit, kind)
 
     def register(fn: MetricFn) -> MetricFn:
         if name in REGISTRY:
@@ -120,6 +123,21 @@ def metric(
         return fn
 
     return register
+
+
+def _check_unit(name: str, unit: str, kind: str) -> None:
+    if unit not in UNIT_SCALES:
+        raise ValueError(
+            f"metric {name!r}: unit {unit!r} is not one of {', '.join(map(repr, UNIT_SCALES))}; "
+            "declare one of those, or add the unit to UNIT_SCALES in gates/terms.py with the "
+            "scale its thresholds are written in"
+        )
+    if kind == "rate" and UNIT_SCALES[unit] is not Scale.SHARE:
+        # a rate's observations are 0 or 1, and its statistic is the share of ones
+        raise ValueError(
+            f"metric {name!r}: a rate metric is a share, so its unit is one whose scale is a "
+            f"share (such as 'fraction'), got unit {unit!r}"
+        )
 
 
 def _check_declarations(

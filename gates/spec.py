@@ -7,6 +7,12 @@ MARGINAL. Errors name the YAML path (`gates[2] (id: ttft).pass`) and the allowed
 A file is checked in two steps, as k6 checks its thresholds at init: pydantic checks its
 shape (the models here, which know no metric), then the loader checks each gate against the
 metric it names (`checked_gate_file`). The thresholds and filters are gates/terms.py's.
+
+A gate that blocks a release says why in its own declaration (`blocks: "a cross-tenant
+prefix hit leaks one tenant's prompt to another"`), and the reason is shown wherever its
+failure is. The rules a person writing a file is held to (the reason, a warn no looser than
+pass, thresholds written in their metric's unit) are not applied to the gates a verdict
+keeps: those are read back as they judged, so an old run judged again gets the same answer.
 """
 
 from __future__ import annotations
@@ -17,11 +23,19 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from contract.servers import DATA_KINDS
 from gates.metrics import REGISTRY
-from gates.terms import KIND_STATISTICS, GateFilter, Threshold
+from gates.terms import KIND_STATISTICS, GateFilter, Threshold, misfit
 
 # GateFilter and Threshold are gates/terms.py's; a GateSpec is made of them, so they come with it.
 __all__ = [
@@ -37,6 +51,9 @@ __all__ = [
 
 BUILTIN_GATES = Path(__file__).with_name("builtin.yaml")
 Problem = tuple[tuple[int | str, ...], str]  # where in the file (a pydantic loc), and why
+# The validation context under which GateFile reads the gates a verdict keeps (`kept`).
+KEPT = {"kept": True}
+UPPER, LOWER = ("<", "<="), (">", ">=")
 
 
 class GateSpecError(Exception):
@@ -55,11 +72,13 @@ class GateSpec(BaseModel):
     warn: Threshold | None = None
     weight: float = Field(default=1.0, gt=0)
     key: bool = False
-    # Whether this gate's FAIL fails the run on its own, whatever the score (None: as `key`).
-    # `key` says more: a key gate without data or evidence makes the run INVALID, so a gate
-    # that a run may rightly have no data for (no preemption happened, no probe was sent)
-    # blocks without being key.
-    blocks: bool | None = None
+    # Why this gate's FAIL fails the run on its own, whatever the score: a text that blocks
+    # the release and is its reason, or false (its FAIL only lowers the score). `key` says
+    # more: a key gate without data or evidence makes the run INVALID, so a gate that a run
+    # may rightly have no data for (no preemption happened, no probe was sent) blocks
+    # without being key. A gate file must give a key gate's reason too; `true` (and None
+    # on a key gate: it blocked) is only read back from a verdict that kept no reason.
+    blocks: str | bool | None = Field(default=None, validate_default=True)
     on_missing: Literal["invalid", "fail", "pass"] = "invalid"
     # Evidence: the interval's confidence, and how many observations a PASS needs at least.
     confidence: float = Field(default=0.95, ge=0.5, lt=1)
@@ -81,11 +100,18 @@ class GateSpec(BaseModel):
     @property
     def blocking(self) -> bool:
         """Whether a FAIL of this gate fails the run by itself."""
-        return self.key if self.blocks is None else self.blocks
+        return self.key if self.blocks is None else bool(self.blocks)
+
+    @property
+    def blocks_because(self) -> str | None:
+        """Why a FAIL of this gate blocks the release (None: it does not, or, for a verdict
+        written before reasons were kept, nobody wrote it down)."""
+        return self.blocks if isinstance(self.blocks, str) else None
 
     def resolved(self, defaults: Mapping[str, Any]) -> dict[str, Any]:
         """This gate as it judges, in the gate file's own terms: every key after `extends`
-        and the defaults, `params` over its metric's `defaults`, `blocks` decided.
+        and the defaults, `params` over its metric's `defaults`, `blocks` decided (its reason,
+        else whether it blocks).
         verdict.json keeps it, so whatever reads the verdict later (a report's chart, a
         re-judgement) uses what the gate used, not what the metric's defaults are today;
         GateSpec reads it back as it is."""
@@ -94,7 +120,7 @@ class GateSpec(BaseModel):
         if self.warn is not None:
             data["warn"] = self.warn.text
         data["params"] = {**defaults, **self.params}
-        data["blocks"] = self.blocking
+        data["blocks"] = self.blocks_because or self.blocking
         return data
 
     @model_validator(mode="after")
@@ -106,12 +132,73 @@ class GateSpec(BaseModel):
                     f"needs: unknown kind of data {', '.join(unknown)}; known: "
                     f"{', '.join(DATA_KINDS)}"
                 )
-        if self.warn is not None and self.warn.label != self.pass_.label:
-            raise ValueError(
-                f"warn uses {self.warn.label} but pass uses {self.pass_.label}; "
-                "use the same statistic"
-            )
         return self
+
+    @field_validator("warn")
+    @classmethod
+    def _stricter(cls, warn: Threshold | None, info: ValidationInfo) -> Threshold | None:
+        """A warning line is on the same side as `pass` and at least as strict, so that a
+        value can meet `pass` and still break `warn` (MARGINAL); a looser one never fires."""
+        line = info.data.get("pass_")
+        if warn is None or not isinstance(line, Threshold):
+            return warn
+        if warn.label != line.label:
+            raise ValueError(
+                f"warn uses {warn.label} but pass uses {line.label}; use the same statistic"
+            )
+        if _kept(info):
+            return warn
+        if line.op not in (*UPPER, *LOWER):
+            raise ValueError(
+                f"pass `{line.text}` has no stricter side (its operator is {line.op}): "
+                "leave warn out"
+            )
+        side = UPPER if line.op in UPPER else LOWER
+        if warn.op not in side:
+            raise ValueError(
+                f"warn `{warn.text}` bounds the other side from pass `{line.text}`: a warning "
+                "line bounds the same side, and is stricter"
+            )
+        looser = warn.value > line.value if side == UPPER else warn.value < line.value
+        if looser:
+            most = "at most" if side == UPPER else "at least"
+            raise ValueError(
+                f"warn `{warn.text}` is looser than pass `{line.text}`: a warning line is "
+                f"stricter, so that a value can meet pass and still break it; write a number "
+                f"{most} {line.number}{line.unit}"
+            )
+        return warn
+
+    @field_validator("blocks")
+    @classmethod
+    def _reason(cls, blocks: str | bool | None, info: ValidationInfo) -> str | bool | None:
+        if isinstance(blocks, str):
+            blocks = blocks.strip()
+        if _kept(info):
+            return blocks
+        if blocks is True:
+            raise ValueError(
+                "blocks takes the reason this gate blocks a release, as text, written from "
+                "what the release requires and what a breach costs: "
+                '`blocks: "a cross-tenant prefix hit leaks one tenant\'s prompt to another"`; '
+                "`blocks: false` to have its FAIL only lower the score"
+            )
+        if blocks == "":
+            raise ValueError(
+                "blocks is empty: give the reason this gate blocks a release, or `blocks: false`"
+            )
+        if isinstance(blocks, str) and blocks.lower() in ("true", "false", "yes", "no"):
+            raise ValueError(
+                f"blocks is the text {blocks!r}, which would read as its reason: write the "
+                "reason this gate blocks a release, or false unquoted"
+            )
+        if blocks is None and info.data.get("key"):
+            raise ValueError(
+                "a key gate blocks a release when it fails: say why, "
+                '`blocks: "..."` (what the release requires, and what a breach costs), or '
+                "`blocks: false` to have its FAIL only lower the score"
+            )
+        return blocks
 
 
 class GateFile(BaseModel):
@@ -142,12 +229,13 @@ def load_gate_file(path: Path | None = None) -> GateFile:
     return checked_gate_file(data, f"gate file {source} is invalid")
 
 
-def checked_gate_file(data: dict[str, Any], heading: str) -> GateFile:
+def checked_gate_file(data: dict[str, Any], heading: str, *, kept: bool = False) -> GateFile:
     """`data` as a gate file that can judge a run: its shape first, then each gate against
     the metric it names. GateSpecError says `heading` and lists every problem of the first
-    step that finds any, each by its YAML path."""
+    step that finds any, each by its YAML path. `kept`: the gates a verdict keeps, read back
+    as they judged, without the rules for writing a file (module docstring)."""
     try:
-        gate_file = GateFile.model_validate(data)
+        gate_file = GateFile.model_validate(data, context=KEPT if kept else None)
     except ValidationError as exc:
         shape: list[Problem] = [(err["loc"], _message(err)) for err in exc.errors()]
         raise GateSpecError(_listed(heading, shape, data)) from exc
@@ -157,6 +245,8 @@ def checked_gate_file(data: dict[str, Any], heading: str) -> GateFile:
         if found is not None:
             where, text = found
             unjudgeable.append((("gates", i, *where), text))
+        elif not kept:
+            unjudgeable.extend((("gates", i, *where), text) for where, text in _misfits(gate))
     if unjudgeable:
         raise GateSpecError(_listed(heading, unjudgeable, data))
     return gate_file
@@ -199,6 +289,22 @@ def _metric_problem(gate: GateSpec) -> tuple[tuple[str, ...], str] | None:
             f"by {gate.pass_.label}; use one of: {shown}"
         )
     return None
+
+
+def _misfits(gate: GateSpec) -> list[tuple[tuple[str, ...], str]]:
+    """The gate's thresholds that are not written in its metric's unit (gates/terms.py's
+    `misfit`), each with where it is and what would fit."""
+    unit = REGISTRY[gate.metric].unit
+    lines = [("pass", gate.pass_), ("warn", gate.warn)]
+    return [
+        ((name,), problem)
+        for name, line in lines
+        if line is not None and (problem := misfit(line, gate.metric, unit)) is not None
+    ]
+
+
+def _kept(info: ValidationInfo) -> bool:
+    return bool(info.context and info.context.get("kept"))
 
 
 def _param_problem(value: object, default: object) -> str | None:

@@ -1,5 +1,6 @@
 """The terms gates are written in: the one-line threshold (`p(95) <= 900ms`), the filter, the
-kinds of metric with the statistics each is judged by, and the causes a metric may point to.
+kinds of metric with the statistics each is judged by, the units a metric may be measured in
+with the numbers a threshold on each takes, and the causes a metric may point to.
 
 The metric registry, the gate spec and the verdict all speak these terms, so this module
 imports nothing of gates: any of them may import it, and no import loop can run through it.
@@ -39,6 +40,30 @@ KIND_STATISTICS = {
     "series": ("slope", "max", "mean"),
 }
 KINDS = tuple(KIND_STATISTICS)
+
+
+class Scale(StrEnum):
+    """What a threshold's number measures, and so how it is written (`misfit`)."""
+
+    TIME = "time"  # seconds; written with ms or s, never bare
+    SHARE = "share"  # 1 is the whole; written bare (0.99) or as a percentage (99%)
+    AMOUNT = "amount"  # so many of the unit (requests, tokens, MB); written bare
+
+
+# The units a metric may declare (gates/registry.py), each with its scale. A unit is what a
+# threshold's number is in, so it is declared from this list, where a typo is refused,
+# rather than as free text that a rule would have to guess at.
+UNIT_SCALES = {
+    "s": Scale.TIME,
+    "fraction": Scale.SHARE,
+    "share": Scale.SHARE,
+    "share of capacity": Scale.SHARE,
+    "count": Scale.AMOUNT,
+    "MB": Scale.AMOUNT,
+    "tokens": Scale.AMOUNT,
+    "users": Scale.AMOUNT,
+    "requests/s": Scale.AMOUNT,
+}
 _THRESHOLD = re.compile(
     r"^\s*(?P<stat>count|rate|max|min|mean|sum|slope|p\(\s*(?P<q>\d+(?:\.\d+)?)\s*\))\s*"
     r"(?P<op><=|>=|==|!=|<|>)\s*(?P<num>[-+]?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?)\s*(?P<unit>ms|s|%)?\s*$"
@@ -58,6 +83,10 @@ class Threshold(BaseModel):
     op: str
     value: float
     text: str
+    # The number and its unit as written ("900", "ms"), for the checks that say how to write
+    # it instead; `value` is the number in the metric's own terms (seconds, fractions).
+    number: str = ""
+    unit: str = ""
 
     @model_validator(mode="before")
     @classmethod
@@ -65,7 +94,7 @@ class Threshold(BaseModel):
         if not isinstance(data, str):
             if isinstance(data, dict):
                 return data
-            raise ValueError(f"a threshold is a string like 'p(95) <= 0.9', found {data!r}")
+            raise ValueError(f"a threshold is a string like 'p(95) <= 900ms', found {data!r}")
         match = _THRESHOLD.match(data)
         if match is None:
             raise ValueError(
@@ -84,6 +113,8 @@ class Threshold(BaseModel):
             "op": match["op"],
             "value": value,
             "text": data.strip(),
+            "number": match["num"],
+            "unit": match["unit"] or "",
         }
 
     @property
@@ -99,6 +130,95 @@ class Threshold(BaseModel):
     def higher_is_worse(self) -> bool:
         """Whether larger observations move toward a breach (for picking the worst evidence)."""
         return self.op in ("<", "<=", "==")
+
+
+def statistic_scale(statistic: str, unit: str) -> Scale:
+    """What a statistic of a metric in `unit` measures. `count` counts observations, `rate`
+    is a share of them, and `sum` adds their values up (a sum of 0/1 shares is a number of
+    ones); every other statistic is in the metric's unit (`slope`: that unit per hour)."""
+    if statistic == "count":
+        return Scale.AMOUNT
+    if statistic == "rate":
+        return Scale.SHARE
+    scale = UNIT_SCALES[unit]
+    return Scale.AMOUNT if statistic == "sum" and scale is Scale.SHARE else scale
+
+
+def misfit(threshold: Threshold, metric: str, unit: str) -> str | None:
+    """Why `threshold` cannot be a line on `metric`, measured in `unit`, with what would fit
+    (None: it fits). A time takes ms or s and never a bare number: k6 reads a bare number
+    as milliseconds, the metric is in seconds, and a line must not mean a thousand times
+    what its author thinks. A share takes a bare number between 0 and 1 or a percentage;
+    an amount takes a bare number, not below 0. A slope's number is a change per hour,
+    which may be of any sign or size, so only its unit is checked."""
+    scale = statistic_scale(threshold.statistic, unit)
+    if scale is Scale.TIME:
+        return _time_misfit(threshold, metric)
+    if scale is Scale.SHARE:
+        return _share_misfit(threshold, metric, unit)
+    return _amount_misfit(threshold, metric, unit)
+
+
+def _time_misfit(threshold: Threshold, metric: str) -> str | None:
+    line = f"{threshold.label} {threshold.op}"
+    if threshold.unit == "":
+        return (
+            f"{metric} is in seconds, and a bare number is ambiguous (k6 reads it as "
+            f"milliseconds): write its unit, `{line} {threshold.number}ms` or "
+            f"`{line} {threshold.number}s`"
+        )
+    if threshold.unit == "%":
+        return (
+            f"{metric} is in seconds, not a share: write ms or s, as in `{line} 900ms` or "
+            f"`{line} 0.9s`"
+        )
+    return None
+
+
+def _share_misfit(threshold: Threshold, metric: str, unit: str) -> str | None:
+    if threshold.statistic == "rate":
+        what, within = "a rate is a share between 0 and 1", 0 <= threshold.value <= 1
+    else:  # a share's statistic may be a difference of shares (memory_return), so signed
+        what = f"{metric} is in {unit}, a share where 1 is the whole"
+        within = abs(threshold.value) <= 1
+    if threshold.unit in ("ms", "s") or (threshold.statistic != "slope" and not within):
+        return f"{what}: write {_share_forms(threshold)}"
+    return None
+
+
+def _amount_misfit(threshold: Threshold, metric: str, unit: str) -> str | None:
+    line = f"{threshold.label} {threshold.op}"
+    if threshold.statistic == "count":
+        what = f"count (how many observations {metric} has)"
+    elif threshold.statistic == "sum" and UNIT_SCALES[unit] is Scale.SHARE:
+        what = f"sum of {metric} (how many of its observations are 1)"
+    else:
+        what = f"{metric} ({unit})"
+    if threshold.unit:
+        return f"{what} is a plain number: write it bare, `{line} {threshold.number}`"
+    if threshold.statistic != "slope" and threshold.value < 0:
+        return f"{what} is never below 0: write a number >= 0, as in `{line} 0`"
+    return None
+
+
+def _share_forms(threshold: Threshold) -> str:
+    """The share the author most likely meant, written both ways: `rate >= 99` reads as
+    99%, `rate >= 0.99s` as 0.99; a number no share reading fits gets an example."""
+    line = f"{threshold.label} {threshold.op}"
+    number = abs(Decimal(threshold.number))
+    signed = threshold.value < 0 and threshold.statistic != "rate"
+    sign = "-" if signed else ""
+    if threshold.unit in ("", "ms", "s") and number <= 1:
+        bare, percent = number, number * 100
+    elif number <= 100:
+        bare, percent = number / 100, number
+    else:
+        sign, bare, percent = "", Decimal("0.99"), Decimal(99)
+    return f"`{line} {sign}{_plain(bare)}` or `{line} {sign}{_plain(percent)}%`"
+
+
+def _plain(number: Decimal) -> str:
+    return format(number.normalize(), "f")
 
 
 class GateFilter(BaseModel):

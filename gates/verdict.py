@@ -84,8 +84,11 @@ class GateResult:
     # Observations counted as breaches because they never got a value (no first token,
     # a release that never came).
     censored: int = 0
-    # A FAIL of this gate fails the run by itself (the gate file's `blocks`, else `key`).
+    # A FAIL of this gate fails the run by itself (the gate file's `blocks`, else `key`),
+    # and why, as the gate file says (None in a verdict.json written before reasons were
+    # kept, and for a gate that does not block).
     blocks: bool = False
+    blocks_because: str | None = None
     # The gate as it judged (GateSpec.resolved): every key after `extends` and the defaults,
     # params over the metric's defaults. Empty in a verdict.json written before it was kept.
     spec: dict[str, Any] = field(default_factory=dict)
@@ -213,6 +216,7 @@ class Verdict:
             return checked_gate_file(
                 {"fail_score_below": self.fail_score_below, "gates": kept},
                 f"the gates the verdict of {self.run_dir} keeps do not read back",
+                kept=True,
             )
         except GateSpecError as exc:
             raise GateSpecError(

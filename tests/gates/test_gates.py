@@ -126,7 +126,9 @@ def test_cpu_warning_makes_the_run_invalid(tmp_path: Path) -> None:
     b = fast_requests(100, priority="critical")
     b.meta["cpu_warning"] = True
     b.meta["cpu_warnings"] = [{"t": 1.0, "worker": "w1", "cpu_percent": 97.0}]
-    gates = gate_file(tmp_path / "g.yaml", '  - {id: t, title: T, metric: ttft, pass: "p(95) < 1"}')
+    gates = gate_file(
+        tmp_path / "g.yaml", '  - {id: t, title: T, metric: ttft, pass: "p(95) < 1s"}'
+    )
     verdict = evaluate(load_run(b.write(tmp_path / "run")), load_gate_file(gates))
     assert verdict.gates[0].status == Status.PASS
     assert verdict.status == Status.INVALID and verdict.exit_code == 5
@@ -139,7 +141,8 @@ def test_gates_without_data_do_not_drag_the_score_into_fail(tmp_path: Path) -> N
     b = fast_requests(100, priority="critical")
     gates = gate_file(
         tmp_path / "g.yaml",
-        '  - {id: t, title: T, metric: ttft, pass: "p(95) < 1", key: true}',
+        '  - {id: t, title: T, metric: ttft, pass: "p(95) < 1s", key: true,\n'
+        "     blocks: slow critical answers}",
         '  - {id: p, title: P, metric: preempted_completion, pass: "rate > 0.99"}',
         '  - {id: f, title: F, metric: failover_integrity, pass: "count == 0"}',
     )
@@ -152,7 +155,9 @@ def test_gates_without_data_do_not_drag_the_score_into_fail(tmp_path: Path) -> N
 def test_simulator_lag_beyond_bound_makes_the_run_invalid(tmp_path: Path) -> None:
     b = fast_requests(100)
     b.meta["sim_lag_ms_p99"], b.meta["sim_lag_bound_ms"] = 80.0, 50.0
-    gates = gate_file(tmp_path / "g.yaml", '  - {id: t, title: T, metric: ttft, pass: "p(95) < 1"}')
+    gates = gate_file(
+        tmp_path / "g.yaml", '  - {id: t, title: T, metric: ttft, pass: "p(95) < 1s"}'
+    )
     verdict = evaluate(load_run(b.write(tmp_path / "run")), load_gate_file(gates))
     assert verdict.status == Status.INVALID
     assert "lagged" in verdict.run_problems[0]
@@ -513,7 +518,7 @@ def test_warn_threshold_makes_marginal_and_exit_4(tmp_path: Path) -> None:
     b = fast_requests(100, ttft=0.85, priority="critical")
     gates = gate_file(
         tmp_path / "g.yaml",
-        "  - {id: t, title: T, metric: ttft, key: true,\n"
+        "  - {id: t, title: T, metric: ttft, key: true, blocks: slow critical answers,\n"
         '     pass: "p(95) <= 900ms", warn: "p(95) <= 800ms"}',
     )
     verdict = evaluate(load_run(b.write(tmp_path / "run")), load_gate_file(gates))

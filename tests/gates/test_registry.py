@@ -143,6 +143,7 @@ def test_a_toy_metric_in_one_module_is_judged_by_a_gate(toy_metric: str, tmp_pat
     metric: {toy_metric}
     pass: "p(95) <= 50ms"
     key: true
+    blocks: a slow stream of tokens reads as a stalled answer
 """,
         )
     )

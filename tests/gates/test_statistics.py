@@ -25,7 +25,7 @@ def test_percentiles_equal_numpy(tmp_path: Path, q: float) -> None:
     run = load_run(builder.write(tmp_path / "run"))
     gates = gate_file(
         tmp_path / "g.yaml",
-        f'  - {{id: p, title: P, metric: ttft, pass: "p({q}) < 100",\n'
+        f'  - {{id: p, title: P, metric: ttft, pass: "p({q}) < 100s",\n'
         "     filter: {priority: [critical]}}",
     )
     verdict = evaluate(run, load_gate_file(gates))

@@ -115,7 +115,7 @@ PRIORITY_GATE = """
     metric: ttft_under_pressure
     filter: {priority: [critical], traffic_class: [short_qa]}
     pass: "p(95) <= 900ms"
-    blocks: true
+    blocks: critical questions waited behind lower-priority work
 """
 
 

@@ -252,6 +252,7 @@ def test_a_finite_priority_breach_on_a_starved_load_generator_holds(tmp_path: Pa
     filter: {priority: [critical], traffic_class: [short_qa]}
     pass: "p(95) <= 900ms"
     key: true
+    blocks: critical questions waited behind lower-priority work
 """,
         )
     )
