@@ -281,6 +281,6 @@ def _context(run: RunData, verdict: Verdict, charts: list[Rendered]) -> dict[str
         "release_probe": release_probe(run),
         "token_ratio": token_ratio(run),
         "capacity_steps": capacity_rows(run),
-        "server_counters": server_counters(run) if run.target_kind != "reference" else [],
+        "server_counters": server_counters(run),
         "not_applicable": verdict.not_applicable,
     }
