@@ -3,10 +3,12 @@
 One YAML file per kind in contract/profiles/ (reference, vllm, sglang, tgi, openai) says
 where its info endpoints are, the names of its metrics (KV usage, running and waiting
 requests, preemptions, prefix-cache queries and hits, request counters), which request
-extensions it accepts (and, for the priority field, each priority's value), and which kinds
-of data (`DATA_KINDS`) it provides beyond the client's own records. Each file cites the
-documentation its names come from. Adding a server kind means adding one file here; the
-harness (what to send, what to scrape) and the gates (which apply) read the same profile.
+extensions it accepts (and, for the priority field, each priority's value), which kinds of
+data (`DATA_KINDS`) it provides beyond the client's own records, and which of the seed's
+pool watermarks its scheduler keeps. Each file cites the documentation its names come from.
+Adding a server kind means adding one file here; the harness (what to send, what to
+scrape), the gates (which apply) and the reports (which lines a chart draws) read the same
+profile.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from pydantic import (
 )
 
 from contract import PRIORITIES
+from contract.seed import SEED
 
 PROFILE_DIR: Final = Path(__file__).with_name("profiles")
 
@@ -108,6 +111,21 @@ class ServerProfile(BaseModel):
     # that needs one is N/A with that reason (a vLLM's recorded events carry the priority
     # each request ran at, but vLLM has no API keys, so no priority is ever "not allowed").
     lacks: Mapping[str, str] = Field(default_factory=dict)
+    # The pool-usage watermarks this kind of server's scheduler keeps, by the seed's names
+    # (contract/seed.py, SEED.watermarks()): the report draws each on the pool chart, at the
+    # run's configured value (meta.json's target.config) or the seed's, and a rollback
+    # recommends an admission watermark only to a scheduler that has one. None by default:
+    # vLLM fills its cache and preempts, and promised no line it would stay under.
+    watermarks: tuple[str, ...] = ()
+
+    @field_validator("watermarks")
+    @classmethod
+    def _known_watermarks(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        known = SEED.watermarks()
+        unknown = sorted(set(value) - set(known))
+        if unknown:
+            raise ValueError(f"watermarks: unknown watermarks {unknown}; known: {', '.join(known)}")
+        return tuple(name for name in known if name in value)  # the ladder's order, each once
 
     @field_validator("lacks")
     @classmethod

@@ -13,7 +13,11 @@ from typing import Any
 import pandas as pd
 
 from contract import FaultEffect
+from contract.seed import SEED
 
+# The server kind whose runs kvgate drew the seed's watermarks for, before a server profile
+# declared the watermarks its scheduler keeps (contract.servers.ServerProfile.watermarks).
+_SEED_WATERMARK_KIND = "reference"
 # How kvgate read its fault kinds before each declared its own effect (harness/faults/kinds/).
 _KILL_KINDS = ("kill", "kill_during_storm")
 _FATAL_SIGNALS = ("KILL", "TERM")
@@ -64,3 +68,17 @@ def _params(text: object) -> dict[str, Any]:
     except ValueError:
         return {}
     return value if isinstance(value, dict) else {}
+
+
+def fill_profile_watermarks(
+    snapshot: dict[str, Any], config: dict[str, Any] | None
+) -> dict[str, Any]:
+    """A profile snapshot (meta.json's target_profile) with `watermarks`: one kept before
+    profiles declared them gets what kvgate read into the run then, the seed's three for a
+    reference server, or for any server whose recorded scheduler config (meta.json's
+    target.config) named one of them, and none otherwise."""
+    if "watermarks" in snapshot:
+        return snapshot
+    named = isinstance(config, dict) and any(name in config for name in SEED.watermarks())
+    seed = snapshot.get("kind") == _SEED_WATERMARK_KIND or named
+    return {**snapshot, "watermarks": list(SEED.watermarks()) if seed else []}

@@ -18,8 +18,11 @@ from typing import Any, Final
 from pydantic import ValidationError
 
 from contract import servers
+from contract.runmeta import RunMeta
+from gates.legacy import fill_profile_watermarks
 
-SNAPSHOT_KEY: Final = "target_profile"  # the meta.json key the snapshot is kept under
+SNAPSHOT_KEY: Final = "target_profile"  # the RunMeta field the snapshot is kept in
+assert SNAPSHOT_KEY in RunMeta.model_fields
 SNAPSHOT_SOURCE: Final = "meta.json"
 # The profile of a run whose meta.json names no kind kvgate knows: it assumes nothing but
 # the OpenAI API, so only the client-side gates (and whatever the run's tables show) apply.
@@ -62,10 +65,12 @@ def resolve(meta: dict[str, Any], current: bool = False) -> RunProfile:
     """The profile to judge the run of `meta` by: its snapshot, unless `current` or there is
     none; then today's file of meta.target.kind; then, when that names no known profile,
     the generic one. Each but the first carries a note saying which profile and why."""
-    recorded = meta.get(SNAPSHOT_KEY)
-    if recorded is not None and not current:
+    recorded = RunMeta.read(meta)
+    config = recorded.target.config if recorded.target else None
+    snapshot = recorded.target_profile
+    if snapshot is not None and not current:
         try:
-            return RunProfile(servers.ServerProfile.model_validate(recorded), SNAPSHOT_SOURCE, None)
+            kept = servers.ServerProfile.model_validate(fill_profile_watermarks(snapshot, config))
         except ValidationError as exc:
             first = exc.errors()[0]
             where = ".".join(str(part) for part in first["loc"]) or "(top level)"
@@ -74,13 +79,13 @@ def resolve(meta: dict[str, Any], current: bool = False) -> RunProfile:
                 f"{first['msg']}); judge the run by today's profile files with "
                 "--current-profiles"
             ) from exc
-    target = meta.get("target")
-    kind = target.get("kind") if isinstance(target, dict) else None
-    if not isinstance(kind, str) and isinstance(recorded, dict):
-        kind = recorded.get("kind")
+        return RunProfile(kept, SNAPSHOT_SOURCE, None)
+    kind = recorded.target.kind if recorded.target else None
+    if kind is None and snapshot is not None:
+        kind = snapshot.get("kind")
     why = (
         "--current-profiles asked for today's files, not the profile snapshot meta.json keeps"
-        if recorded is not None
+        if snapshot is not None
         else "meta.json keeps no profile snapshot (a run written by hand, or by a kvgate "
         "older than the snapshot)"
     )

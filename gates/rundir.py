@@ -65,7 +65,7 @@ class RunData:
     """One run's tables and meta. Every table has at least the schema's columns."""
 
     path: Path
-    meta: dict[str, Any]
+    meta: dict[str, Any]  # meta.json as read, checked against contract.runmeta.RunMeta
     requests: pd.DataFrame
     server_events: pd.DataFrame
     samples: pd.DataFrame
@@ -115,14 +115,6 @@ class RunData:
         ]
         found = [float(x) for x in earliest if pd.notna(x)]
         return min(found) if found else 0.0
-
-    @property
-    def target_kind(self) -> str | None:
-        """meta.target.kind: the kind of server the run was made against (None: unknown, as
-        in a run directory built by hand). What the gates read of it is `profile`."""
-        target = self.meta.get("target")
-        kind = target.get("kind") if isinstance(target, dict) else None
-        return kind if isinstance(kind, str) else None
 
 
 def load_run(run_dir: Path | str, current_profiles: bool = False) -> RunData:
@@ -174,7 +166,8 @@ def _fault_effects(faults: pd.DataFrame, run_dir: Path) -> pd.DataFrame:
 
 
 def read_meta(run_dir: Path) -> dict[str, Any]:
-    """meta.json of `run_dir`: refused unless UTF-8 JSON whose known fields have their type."""
+    """meta.json of `run_dir`: refused unless UTF-8 JSON whose fields have the types
+    contract.runmeta.RunMeta gives them (fields it does not name are kept as they are)."""
     path = run_dir / schema.META_FILE
     if not path.is_file():
         raise RunDirError(f"{path} is missing; is {run_dir} a kvgate run directory?")

@@ -95,21 +95,9 @@ if INT_COLUMNS & FLOAT_COLUMNS:
         "float in another; give each name one type"
     )
 
-# meta.json keys that gates and reports rely on (all written by the harness):
-#   plan (dict), target (dict: url, kind, model, model_digest, runtime_version, gpu_sku,
-#   scheduler_config_digest, policy, replicas, config (dict of scheduler config values)),
-#   target_profile (dict: the server profile the run used, contract.servers.ServerProfile as
-#   JSON, written when the run starts; gates and reports judge by it, gates/run_profile.py),
-#   harness_version, hosts, t_start, t_end, seed,
-#   cpu_warning (bool), cpu_warnings (list of {t, worker, cpu_percent}),
-#   sim_lag_ms_p99 (float | None), sim_lag_bound_ms (float),
-#   windows: {"stress": [t0, t1], "idle_before": [t0, t1] | None, "after_load": [t0, t1] | None},
-#   phases: list of {"name": "peak" | "trough" | ..., "t0", "t1"} from the load shape,
-#   capacity: {"rejection_started_users": int | None (the capacity knee: capacity refusals),
-#              "policy_rejection_started_users", "slo_broken_users", "timeouts_started_users":
-#              int | None, "stop_reason": str | None, "steps": [{"index", "users", "t0", "t1",
-#              "requests", "rejected", "rejected_capacity", "rejected_policy", "rejected_other",
-#              "timeouts", "ttft_p95_s"}] | None}
+# meta.json's fields and their types are contract.runmeta.RunMeta: the harness builds one and
+# writes its dump, the reader (gates/rundir.py) checks what it reads against it. These are the
+# fields every run the harness writes has from its first write on.
 META_KEYS = (
     "plan",
     "target",

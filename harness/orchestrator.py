@@ -25,6 +25,7 @@ import gevent
 from locust.runners import STATE_STOPPED
 from rich.console import Console
 
+from contract.runmeta import RunMeta, RunStatus
 from gates import run_profile, schema
 from gates.rundir import read_table
 from harness import rundir, summary
@@ -53,7 +54,7 @@ SAMPLER_STOP_TIMEOUT_S = 20.0
 @dataclass(slots=True)
 class RunResult:
     run_dir: Path
-    status: str  # completed | interrupted | error
+    status: RunStatus  # completed | interrupted | error
     error: str | None = None
 
 
@@ -113,7 +114,8 @@ class Orchestrator:
     # -- the sequence ----------------------------------------------------------------------
 
     def run(self) -> RunResult:
-        status, error = "error", None
+        status: RunStatus = "error"
+        error: str | None = None
         random.seed(self.plan.seed)
         self._write_meta("running")
         try:
@@ -383,7 +385,7 @@ class Orchestrator:
 
     # -- teardown ----------------------------------------------------------------------------
 
-    def _teardown(self, status: str, error: str | None) -> None:
+    def _teardown(self, status: RunStatus, error: str | None) -> None:
         steps = (
             ("progress", self._stop_progress),
             ("faults", self._stop_faults),
@@ -483,8 +485,10 @@ class Orchestrator:
         return [{"hostname": name, "role": "worker"} for name in sorted(names - {here})]
 
     def _write_meta(
-        self, status: str, error: str | None = None, counts: dict[str, int] | None = None
+        self, status: RunStatus, error: str | None = None, counts: dict[str, int] | None = None
     ) -> None:
+        """meta.json as the run stands: built as a RunMeta (contract/runmeta.py), so a field
+        it does not name, or a value of the wrong type, fails here rather than in a reader."""
         lag: dict[str, float | None] = {"p99": None, "max": None}
         if counts and schema.SAMPLES in counts:
             lag = summary.sim_lag_ms(
@@ -493,35 +497,35 @@ class Orchestrator:
             )
         phases, capacity = self._shape_facts()
         gen = self.loadgen
-        meta: dict[str, Any] = {
-            "status": status,
-            "error": error,
-            "plan": json.loads(self.plan.model_dump_json()),
-            "target": self.target_meta or {"kind": self.profile.kind},
-            run_profile.SNAPSHOT_KEY: run_profile.snapshot(self.profile),
-            "harness_version": summary.harness_version(),
-            "versions": summary.versions(),
-            "hosts": [summary.host_info(), *self._worker_hosts()],
-            "gpus": self.gpus,
-            "t_start": self.clock.t_start,
-            "t_end": self.clock.t_end,
-            "seed": self.plan.seed,
-            "cpu_warning": gen.cpu_warning() if gen else False,
-            "cpu_warnings": gen.cpu.warnings if gen else [],
-            "sim_lag_ms_p99": lag["p99"],
-            "sim_lag_ms_max": lag["max"],
-            "sim_lag_bound_ms": self.plan.samplers.sim_lag_bound_ms,
-            "windows": self._windows(),
-            "phases": phases,
-            "capacity": capacity,
-            "aborted": self.aborted,
-            "load_generator": {
+        meta = RunMeta(
+            status=status,
+            error=error,
+            plan=json.loads(self.plan.model_dump_json()),
+            target=self.target_meta or {"kind": self.profile.kind},
+            target_profile=run_profile.snapshot(self.profile),
+            harness_version=summary.harness_version(),
+            versions=summary.versions(),
+            hosts=[summary.host_info(), *self._worker_hosts()],
+            gpus=self.gpus,
+            t_start=self.clock.t_start,
+            t_end=self.clock.t_end,
+            seed=self.plan.seed,
+            cpu_warning=gen.cpu_warning() if gen else False,
+            cpu_warnings=gen.cpu.warnings if gen else [],
+            sim_lag_ms_p99=lag["p99"],
+            sim_lag_ms_max=lag["max"],
+            sim_lag_bound_ms=self.plan.samplers.sim_lag_bound_ms,
+            windows=self._windows(),
+            phases=phases,
+            capacity=capacity,
+            aborted=self.aborted,
+            load_generator={
                 "mode": "distributed" if self.layout.distributed else "local",
                 "processes": self.layout.processes,
                 # why the load stopped before its planned end (load.stop_if_failing), if it did
                 "stopped_early": gen.stopped_early if gen else None,
             },
-            "records": {
+            records={
                 "written": self.sink.total,
                 "duplicates_dropped": self.sink.duplicates,
                 "by_worker": dict(self.sink.by_worker),
@@ -529,6 +533,6 @@ class Orchestrator:
                 "outcomes": dict(self.sink.outcomes),
                 "relay": gen.collector.summary() if gen and gen.collector else None,
             },
-            "tables": counts,
-        }
+            tables=counts,
+        )
         rundir.write_meta(self.run_dir, meta)

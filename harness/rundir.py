@@ -23,6 +23,7 @@ from typing import Any, TextIO
 
 import pandas as pd
 
+from contract.runmeta import RunMeta
 from gates import schema
 from gates.rundir import RunDirError, part_files, read_jsonl_table, read_table, rows_frame
 
@@ -162,11 +163,11 @@ def _storage(frame: pd.DataFrame, table: str) -> pd.DataFrame:
     return out
 
 
-def write_meta(run_dir: Path, meta: Mapping[str, Any]) -> Path:
+def write_meta(run_dir: Path, meta: RunMeta) -> Path:
     """Write meta.json atomically (a reader never sees half a file)."""
     path = run_dir / schema.META_FILE
     tmp = run_dir / f".{schema.META_FILE}.tmp"
-    tmp.write_text(json.dumps(meta, indent=2, sort_keys=True, default=str) + "\n")
+    tmp.write_text(json.dumps(meta.dumped(), indent=2, sort_keys=True) + "\n")
     os.replace(tmp, path)
     return path
 

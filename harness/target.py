@@ -62,8 +62,11 @@ def _describe_http(
     return found
 
 
-def _first(*values: Any) -> Any:
-    return next((v for v in values if v not in (None, "")), None)
+def _first(*values: Any) -> str | None:
+    """The first value given, as text (meta.json's target fields are text, and a server's
+    info endpoints are not held to that), or None."""
+    found = next((v for v in values if v not in (None, "")), None)
+    return None if found is None else str(found)
 
 
 class ReferenceDeployment:

@@ -282,7 +282,7 @@ def _context(run: RunData, verdict: Verdict, charts: list[Rendered]) -> dict[str
         "release_probe": release_probe(run),
         "token_ratio": token_ratio(run),
         "capacity_steps": capacity_rows(run),
-        "server_counters": server_counters(run) if run.target_kind != "reference" else [],
+        "server_counters": server_counters(run),
         "not_applicable": verdict.not_applicable,
         # What the evidence checks found before any gate (empty for an older verdict.json).
         "evidence_checks": checks_seen(verdict.evidence),

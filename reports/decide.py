@@ -67,8 +67,8 @@ def compare_runs(candidate: RunData, baseline: RunData, gate_file: GateFile) -> 
     decision, reasons = rules(cand_verdict, base_verdict, gates, tests, rates)
     ranked = sorted((k for k in scores if scores[k] > 0), key=lambda k: -scores[k])
     watermark, why = (None, "")
-    # an admission watermark is the reference scheduler's knob; another engine has none
-    if decision == Decision.ROLLBACK and candidate.target_kind == "reference":
+    # an admission watermark is a knob only of a scheduler whose profile declares one
+    if decision == Decision.ROLLBACK and "admission_watermark" in candidate.profile.watermarks:
         watermark, why = recommend_watermark(candidate, baseline)
     target = baseline.meta.get("target") or {}
     return Comparison(

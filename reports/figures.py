@@ -48,13 +48,11 @@ def pool_usage(run: RunData) -> Figure:
     frame = analysis.pool_usage(run)
     config = analysis.scheduler_config(run)
     rules = []
-    # The seed's watermarks belong to the reference scheduler: another engine (vLLM fills its
-    # cache to 100% and preempts) is drawn without lines it never promised to keep.
-    seed_rules = run.target_kind == "reference" or any(
-        name in config for name in analysis.DEFAULT_WATERMARKS
-    )
-    for name, default in analysis.DEFAULT_WATERMARKS.items() if seed_rules else ():
-        value = config.get(name, default)
+    # Only the watermarks the target's scheduler keeps, as its profile declares them: another
+    # engine (vLLM fills its cache to 100% and preempts) is drawn without lines it never
+    # promised to keep.
+    for name in run.profile.watermarks:
+        value = config.get(name, analysis.DEFAULT_WATERMARKS[name])
         suffix = "" if name in config else " (default)"
         rules.append(Rule(float(value), f"{name.replace('_', ' ')} {value:g}{suffix}", "#ca8a04"))
     chart = LineChart(

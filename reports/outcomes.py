@@ -170,8 +170,11 @@ COUNTERS = ("preemptions", "request_success", "request_failure", "request_aborts
 
 def server_counters(run: RunData) -> list[tuple[str, str, float]]:
     """(quantity, metric, increase over the run) of the counters the target's profile names
-    (contract/profiles/): what a server without per-request events says about itself."""
+    (contract/profiles/): what a server without per-request events says about itself. None
+    for a server whose profile gives those events: its report shows them instead."""
     profile = target_profile(run)
+    if "server_events" in profile.provides:
+        return []
     found = []
     for quantity in COUNTERS:
         for name in getattr(profile.metrics, quantity):

@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 
 import contract
 from contract import EventKind, Outcome, servers
+from contract.runmeta import RunMeta
 from contract.seed import SEED
 from gates import run_profile, schema
 
@@ -106,15 +107,16 @@ def make_run(
             )
         else:
             frame.to_json(out / f"{name}.jsonl", orient="records", lines=True)
-    (out / schema.META_FILE).write_text(json.dumps(_meta(line, flavour, seed), indent=2))
+    (out / schema.META_FILE).write_text(json.dumps(_meta(line, flavour, seed).dumped(), indent=2))
     return out
 
 
-def _meta(line: Timeline, flavour: Flavour, seed: int) -> dict[str, Any]:
+def _meta(line: Timeline, flavour: Flavour, seed: int) -> RunMeta:
     policy = "naive" if flavour == "oom" else "seed"
-    return {
-        "plan": {"name": "synthetic", "shape": "peak_trough"},
-        "target": {
+    return RunMeta(
+        status="completed",
+        plan={"name": "synthetic", "shape": "peak_trough"},
+        target={
             "url": "http://127.0.0.1:8000",
             "kind": "reference",
             "model": "llama-3-8b",
@@ -123,24 +125,24 @@ def _meta(line: Timeline, flavour: Flavour, seed: int) -> dict[str, Any]:
             "gpu_sku": "h100-80gb",
             "scheduler_config_digest": f"sha256:{policy}-config",
             "policy": policy,
-            "replicas": 2,
+            "replicas": [{"id": str(r), "url": None} for r in REPLICAS],
             "config": {**SEED.watermarks(), "tenant_max_share": SEED.tenant_max_share},
         },
         # what the harness keeps of the profile the run used (gates/run_profile.py)
-        run_profile.SNAPSHOT_KEY: run_profile.snapshot(servers.profile("reference")),
-        "harness_version": "synthetic",
-        "hosts": ["localhost"],
-        "t_start": T0,
-        "t_end": T0 + line.duration,
-        "seed": seed,
-        "cpu_warning": False,
-        "cpu_warnings": [],
-        "sim_lag_ms_p99": 4.0,
-        "sim_lag_bound_ms": 50.0,
-        "windows": line.meta_windows(),
-        "phases": line.phases(),
-        "capacity": {"rejection_started_users": 96, "timeouts_started_users": 160},
-    }
+        target_profile=run_profile.snapshot(servers.profile("reference")),
+        harness_version="synthetic",
+        hosts=[{"hostname": "localhost"}],
+        t_start=T0,
+        t_end=T0 + line.duration,
+        seed=seed,
+        cpu_warning=False,
+        cpu_warnings=[],
+        sim_lag_ms_p99=4.0,
+        sim_lag_bound_ms=50.0,
+        windows=line.meta_windows(),
+        phases=line.phases(),
+        capacity={"rejection_started_users": 96, "timeouts_started_users": 160},
+    )
 
 
 def _send_times(

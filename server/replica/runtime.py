@@ -19,7 +19,9 @@ from server.options import load_config, target_info
 from server.promptwork import PromptTokenizer
 from server.replica.events import EventLog
 from server.replica.mutants import step_loop_class
+from server.scheduler.config import SchedulerConfig
 from server.scheduler.mutants import parse_mutant, scheduler_class
+from server.scheduler.policies import Policy
 from server.tenants import load_tenants
 from server.tokenizer import TextTokenizer
 
@@ -53,7 +55,6 @@ class ReplicaRuntime:
         block_bytes = math.ceil(actual_per_token * self.config.block_tokens)
         self.gpu = VirtualGpu(sku, profile, get_model_compute(profile.name), block_bytes)
         self.cost = CostModel(sku, profile, actual_per_token)
-        self._warn_if_pool_too_big(block_bytes)
         self.scheduler = scheduler_class(mutant)(
             self.config,
             self.tenants.quotas,
@@ -61,6 +62,9 @@ class ReplicaRuntime:
             clock=time.time,
             device_free_bytes=self.gpu.free_after_weights(),
         )
+        warning = pool_too_big(self.scheduler.policy, self.config, self.gpu, block_bytes)
+        if warning is not None:
+            sys.stderr.write(warning + "\n")
         state_dir = args.state_dir or Path(tempfile.mkdtemp(prefix="kvgate-replica-"))
         self.state_dir = Path(state_dir)
         self.events = EventLog(self.replica_id, self.state_dir)
@@ -76,15 +80,22 @@ class ReplicaRuntime:
         )
         self.metrics.attach(self.scheduler, self.gpu, lambda: self.loop.stats.lag_max)
 
-    def _warn_if_pool_too_big(self, block_bytes: int) -> None:
-        if self.policy == "naive":
-            return
-        pool = self.config.pool_blocks() * block_bytes
-        fixed = self.gpu.used_bytes
-        if pool + fixed > self.gpu.total_bytes:
-            sys.stderr.write(
-                f"kvgate: warning: KV pool ({pool / GIB:.1f} GiB at actual bytes) plus weights "
-                f"and runtime ({fixed / GIB:.1f} GiB) exceed {self.gpu.sku.name}'s "
-                f"{self.gpu.total_bytes / GIB:.1f} GiB; lower kv_pool_gib or this replica "
-                f"will run out of memory\n"
-            )
+
+def pool_too_big(
+    policy: Policy, config: SchedulerConfig, gpu: VirtualGpu, block_bytes: int
+) -> str | None:
+    """The warning for a configured KV pool (at `block_bytes`, the actual bytes of a block)
+    that cannot fit beside the weights and runtime on `gpu`; None when it fits, or when the
+    policy sizes its pool from what the device has left (`pool_from_config` False)."""
+    if not policy.pool_from_config:
+        return None
+    pool = config.pool_blocks() * block_bytes
+    fixed = gpu.used_bytes
+    if pool + fixed <= gpu.total_bytes:
+        return None
+    return (
+        f"kvgate: warning: KV pool ({pool / GIB:.1f} GiB at actual bytes) plus weights "
+        f"and runtime ({fixed / GIB:.1f} GiB) exceed {gpu.sku.name}'s "
+        f"{gpu.total_bytes / GIB:.1f} GiB; lower kv_pool_gib or this replica "
+        f"will run out of memory"
+    )

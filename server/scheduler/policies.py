@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterable, Mapping
-from typing import ClassVar
+from types import MappingProxyType
+from typing import ClassVar, Final
 
+import contract
 from contract import Priority
 from server.scheduler.config import SchedulerConfig
 from server.scheduler.victims import victim_order
@@ -37,6 +39,9 @@ class Policy:
     reserve_full: ClassVar[bool] = False  # commit input + max_new blocks at start
     enforce_quotas: ClassVar[bool] = False  # tenant quotas, priority budgets, share cap
     short_prefill_first: ClassVar[bool] = False  # within a class, shortest prompt first
+    # The pool is the configured kv_pool_gib (False: whatever device memory the weights
+    # leave, so no configured size can be too big for the device and none is checked).
+    pool_from_config: ClassVar[bool] = True
 
     def pool_blocks(self, cfg: SchedulerConfig, device_free_bytes: int | None) -> int:
         return cfg.pool_blocks()
@@ -72,6 +77,7 @@ class NaivePolicy(Policy):
     estimation error are not in its pool), which is the point of the baseline."""
 
     name = "naive"
+    pool_from_config = False
 
     def pool_blocks(self, cfg: SchedulerConfig, device_free_bytes: int | None) -> int:
         if device_free_bytes is None:
@@ -171,9 +177,27 @@ class SeedPolicy(Policy):
         )
 
 
-POLICIES: dict[str, type[Policy]] = {
-    p.name: p for p in (SeedPolicy, NaivePolicy, VllmPolicy, TgiPolicy)
-}
+def policy_registry(
+    classes: Iterable[type[Policy]], names: tuple[str, ...] = contract.POLICIES
+) -> Mapping[str, type[Policy]]:
+    """The policy classes by name, in the order of `names`: the contract's list, which a
+    plan's `target.policy` and the server's --policy offer. A name without a class, or a
+    class the contract does not name, is a TypeError when this module is imported: the
+    server never starts offering a policy it cannot run."""
+    by_name = {cls.name: cls for cls in classes}
+    problems = [f"no policy class is named {name!r}" for name in names if name not in by_name]
+    problems += [f"contract.POLICIES does not name {n!r}" for n in sorted(set(by_name) - {*names})]
+    if problems:
+        raise TypeError(
+            f"the scheduler's policies and contract.POLICIES differ: {'; '.join(problems)}; "
+            "each policy is a class here whose name contract.PolicyName lists"
+        )
+    return MappingProxyType({name: by_name[name] for name in names})
+
+
+# Every policy defined in this module (the direct subclasses of Policy; a mutant's subclass of
+# one lives elsewhere and stands in for it by name), by the contract's names.
+POLICIES: Final = policy_registry(p for p in Policy.__subclasses__() if p.__module__ == __name__)
 
 
 def make_policy(name: str, policies: Mapping[str, type[Policy]] = POLICIES) -> Policy:

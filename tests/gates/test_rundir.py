@@ -205,6 +205,13 @@ def test_meta_with_bad_utf8_is_refused(tmp_path: Path) -> None:
         ("phases", [{"name": "peak", "t0": 1.0}], "phases[0].t1"),
         ("target", "reference", "target"),
         ("target", {"config": [0.15]}, "target.config"),
+        ("target", {"kind": "reference", "replicas": 2}, "target.replicas"),
+        ("status", "done", "status"),
+        ("seed", "7", "seed"),
+        ("hosts", ["localhost"], "hosts[0]"),
+        ("records", {"written": "3"}, "records.written"),
+        ("capacity", {"slo_broken_users": "40"}, "capacity.slo_broken_users"),
+        ("aborted", {"gate": "no_oom", "at_s": 4.0}, "aborted.message"),
     ],
 )
 def test_meta_fields_of_the_wrong_type_are_refused_naming_the_field(

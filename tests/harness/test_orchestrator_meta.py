@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 from rich.console import Console
 
 from contract import servers
@@ -62,3 +63,28 @@ def test_the_release_probe_asks_for_its_output_allowance(
     assert len(specs) == 1
     assert specs[0].max_tokens == 256
     assert specs[0].model == "m"
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "named"),
+    [
+        ("target_meta", {"kind": "vllm", "replicas": 2}, "target.replicas"),
+        ("target_meta", {"kind": "vllm", "modell": "m"}, "target"),  # misspelt
+        ("aborted", {"gate": "no_oom", "at_s": "soon", "message": "m"}, "aborted.at_s"),
+        ("gpus", [{"index": 0, "name": "H100", "memory": 81559}], "gpus.0"),
+    ],
+)
+def test_a_meta_field_it_does_not_name_or_of_the_wrong_type_fails_when_written(
+    tmp_path: Path, field: str, value: object, named: str
+) -> None:
+    """meta.json is built as contract.runmeta.RunMeta: a wrong value fails the writer, and
+    nothing is written that a reader would refuse a week later."""
+    plan = load_plan(PLANS / "external.yaml", ["target.kind=vllm"])
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    orchestrator = Orchestrator(plan, run_dir, Distribution(), Console(file=io.StringIO()))
+    setattr(orchestrator, field, value)
+    with pytest.raises(ValidationError) as caught:
+        orchestrator._write_meta("completed")
+    assert named in {".".join(map(str, e["loc"])) for e in caught.value.errors()}
+    assert not (run_dir / schema.META_FILE).exists()

@@ -9,6 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from contract.runmeta import RunMeta
 from gates import schema
 from gates.rundir import RunDirError, load_run, read_table
 from harness import rundir
@@ -39,7 +40,7 @@ def test_compaction_keeps_rows_drops_a_torn_line_and_writes_every_table(tmp_path
         schema.FAULTS: 0,
     }
     assert not (tmp_path / "requests.jsonl").exists()
-    rundir.write_meta(tmp_path, {"t_start": 1.0, "t_end": 4.0})
+    rundir.write_meta(tmp_path, RunMeta(t_start=1.0, t_end=4.0))
     run = load_run(tmp_path)
     assert list(run.requests["request_id"]) == ["r0", "r1", "r2"]
     assert run.sources[schema.SAMPLES] == "parquet" and run.samples.empty
@@ -67,6 +68,6 @@ def test_compaction_keeps_a_table_it_must_refuse_as_json_lines(tmp_path: Path) -
     counts = rundir.compact(tmp_path)
     assert schema.REQUESTS not in counts and counts[schema.SAMPLES] == 0
     assert (tmp_path / "requests.jsonl").exists() and not (tmp_path / "requests.parquet").exists()
-    rundir.write_meta(tmp_path, {"t_start": 1.0, "t_end": 4.0})
+    rundir.write_meta(tmp_path, RunMeta(t_start=1.0, t_end=4.0))
     with pytest.raises(RunDirError, match=r"requests\.jsonl:1: table 'requests', column 'ttft_s'"):
         load_run(tmp_path)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+import contract
 from server.scheduler import Decision, Priority, Scheduler, SeqState
+from server.scheduler.policies import POLICIES, NaivePolicy, SeedPolicy, policy_registry
 from tests.server.scheduler.helpers import FakeClock, req, small_config, step, tenants
 
 GIB = 1 << 30
@@ -24,8 +26,21 @@ def long_context_load(s: Scheduler, n: int = 12) -> list[Decision]:
 
 
 def test_unknown_policy_is_refused() -> None:
-    with pytest.raises(ValueError, match="choose one of seed, naive, vllm, tgi"):
+    with pytest.raises(ValueError, match="choose one of seed, vllm, tgi, naive"):
         make("fifo")
+
+
+def test_the_policies_are_the_contracts_names_each_with_its_class() -> None:
+    """contract.POLICIES is what plans and --policy offer; the scheduler's registry is built
+    from it, so a name without a class (or a class the contract does not name) stops the
+    server at import, not a run half-way."""
+    assert tuple(POLICIES) == contract.POLICIES
+    assert all(POLICIES[name].name == name for name in contract.POLICIES)
+    classes = (SeedPolicy, NaivePolicy)
+    with pytest.raises(TypeError, match=r"no policy class is named 'tgi'.*PolicyName"):
+        policy_registry(classes, names=("seed", "naive", "tgi"))
+    with pytest.raises(TypeError, match=r"contract.POLICIES does not name 'naive'"):
+        policy_registry(classes, names=("seed",))
 
 
 def test_naive_needs_device_free_bytes() -> None:

@@ -1,0 +1,186 @@
+"""meta.json, the record of one run beside its tables: every field the harness writes, with
+its type, as one model that the writer builds and every reader validates against.
+
+The harness builds a RunMeta and writes its dump (`dumped`), so a misnamed field or a value
+of the wrong type fails where the run writes it, not when someone judges the run a week
+later. A reader validates what it finds with `RunMeta.read`: every field may be absent (a
+run directory built by hand, or written by an older kvgate), a field that is there must have
+its type, and fields the model does not name are kept as they are. A writer may not add an
+unnamed field: a field the harness writes is named here first, so this file is the one
+description of meta.json.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, ClassVar, Final, Literal
+
+from pydantic import BaseModel, ConfigDict, Strict, ValidationInfo, model_validator
+
+# Strict: "12" is not a number and 0 is not false; an int is still a number.
+Number = Annotated[float, Strict()]
+Count = Annotated[int, Strict()]
+Flag = Annotated[bool, Strict()]
+Text = Annotated[str, Strict()]
+
+# How a run stands: `running` from its first write until teardown, then how it ended.
+RunStatus = Literal["running", "completed", "interrupted", "error"]
+# The validation context a reader passes: fields the model does not name are then kept.
+_READING: Final = "reading"
+
+
+class _Record(BaseModel):
+    """A part of meta.json. Readers keep the fields it does not name; a writer may not add
+    one (the model is the description of what is written)."""
+
+    model_config = ConfigDict(extra="allow")
+    # Fields a writer may add without naming each: a part whose keys come from elsewhere
+    # (the load shape's knees) types them with `__pydantic_extra__` and sets this.
+    open_to_writers: ClassVar[bool] = False
+
+    @model_validator(mode="after")
+    def _every_written_field_is_named(self, info: ValidationInfo) -> _Record:
+        reading = bool(info.context and info.context.get(_READING))
+        unnamed = sorted(self.model_extra or {})
+        if unnamed and not reading and not self.open_to_writers:
+            raise ValueError(
+                f"{type(self).__name__} has no field {', '.join(map(repr, unnamed))}: a field "
+                "the harness writes into meta.json is named in contract/runmeta.py first, "
+                "with its type (or the name is misspelt)"
+            )
+        return self
+
+
+class Phase(_Record):
+    """A named stretch of the load shape (peak, trough, step_3, ...), epoch seconds."""
+
+    name: Text
+    t0: Number
+    t1: Number
+
+
+class TargetMeta(_Record):
+    """What the harness recorded about the server under test (harness/target.py)."""
+
+    url: Text | None = None
+    kind: Text | None = None  # the server profile's kind (contract/profiles/)
+    model: Text | None = None
+    model_digest: Text | None = None
+    runtime_version: Text | None = None
+    gpu_sku: Text | None = None
+    scheduler_config_digest: Text | None = None
+    policy: Text | None = None
+    mutant: Text | None = None
+    replicas: list[dict[str, Any]] | None = None  # {"id", "url", ...} per replica
+    # The scheduler's config values (the reference server's), or the engine flags kvgate
+    # started a vLLM with; {} for a server someone else runs.
+    config: dict[str, Any] | None = None
+    server_info: dict[str, Any] | None = None  # each info endpoint's JSON, by its path
+    proxy: dict[str, Any] | None = None  # the network fault proxy: listen, upstream, counters
+
+
+class Host(_Record):
+    """A machine of the run: this one (its platform and CPUs), or a load generator worker's."""
+
+    hostname: Text | None = None
+    platform: Text | None = None
+    cpus: Count | None = None
+    role: Text | None = None  # "worker" for a remote load generator
+
+
+class Gpu(_Record):
+    """A device NVML showed (none without NVML)."""
+
+    index: Count | None = None
+    name: Text | None = None
+    memory_total_mib: Number | None = None
+
+
+class CpuWarning(_Record):
+    """Locust's warning that a load generator process was over its CPU budget."""
+
+    t: Number | None = None
+    worker: Text | None = None
+    cpu_percent: Number | None = None
+
+
+class Capacity(_Record):
+    """A step ramp's outcome: its knees, why it stopped, and its steps; no knees for other
+    shapes. The knees are the shape's (workloads/shapes.py, StepRampShape.KNEES), each the
+    user count at which the ramp crossed a line, or None."""
+
+    open_to_writers = True
+    __pydantic_extra__: dict[str, Count | None]
+    stop_reason: Text | None = None
+    # {"index", "users", "t0", "t1", "requests", "rejected", "rejected_capacity",
+    # "rejected_policy", "rejected_other", "timeouts", "ttft_p95_s"} per step, as the shape
+    # counts them
+    steps: list[dict[str, Any]] | None = None
+
+
+class Aborted(_Record):
+    """The gate that stopped the load before its end (harness/live/watch.py)."""
+
+    gate: Text
+    at_s: Number  # seconds into the load
+    message: Text
+
+
+class LoadGeneratorMeta(_Record):
+    mode: Literal["local", "distributed"] | None = None
+    processes: Count | None = None  # local worker processes
+    stopped_early: Text | None = None  # why the load stopped before its planned end, if it did
+
+
+class Records(_Record):
+    """What the record sink counted: rows written, duplicates dropped, and by what."""
+
+    written: Count | None = None
+    duplicates_dropped: Count | None = None
+    by_worker: dict[str, Count] | None = None
+    by_class: dict[str, Count] | None = None
+    outcomes: dict[str, Count] | None = None
+    relay: dict[str, dict[str, Count]] | None = None  # distributed: sent, received, lost
+
+
+class RunMeta(_Record):
+    """meta.json. Every field may be absent on read; one that is there has its type."""
+
+    status: RunStatus | None = None
+    error: Text | None = None  # the one-line reason of an `error` or `interrupted` run
+    plan: dict[str, Any] | None = None  # the resolved plan (harness/plan.py's Plan as JSON)
+    target: TargetMeta | None = None
+    # The server profile the run used, as the harness resolved it when the run started:
+    # contract.servers.ServerProfile as JSON. gates/run_profile.py reads it back, and refuses
+    # one it cannot read with the way out, so here it is only an object.
+    target_profile: dict[str, Any] | None = None
+    harness_version: Text | None = None
+    versions: dict[str, Text] | None = None  # python and each package that matters
+    hosts: list[Host] | None = None
+    gpus: list[Gpu] | None = None
+    t_start: Number | None = None
+    t_end: Number | None = None
+    seed: Count | None = None
+    cpu_warning: Flag = False
+    cpu_warnings: list[CpuWarning] | None = None
+    sim_lag_ms_p99: Number | None = None
+    sim_lag_ms_max: Number | None = None
+    sim_lag_bound_ms: Number | None = None
+    # "stress", "idle_before", "after_load": [t0, t1] epoch seconds, or None when not reached
+    windows: dict[str, tuple[Number, Number] | None] | None = None
+    phases: list[Phase] | None = None
+    capacity: Capacity | None = None
+    aborted: Aborted | None = None
+    load_generator: LoadGeneratorMeta | None = None
+    records: Records | None = None
+    tables: dict[str, Count] | None = None  # rows per table after compaction
+
+    @classmethod
+    def read(cls, meta: dict[str, Any]) -> RunMeta:
+        """`meta` as a reader takes it: fields not named here are kept; pydantic's
+        ValidationError names each field of the wrong type."""
+        return cls.model_validate(meta, context={_READING: True})
+
+    def dumped(self) -> dict[str, Any]:
+        """The JSON object meta.json holds: the fields that were given, as given."""
+        plain: dict[str, Any] = self.model_dump(mode="json", exclude_unset=True)
+        return plain
