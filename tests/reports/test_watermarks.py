@@ -16,6 +16,7 @@ from gates import run_profile, schema
 from gates.rundir import load_run
 from gates.spec import load_gate_file
 from reports import figures
+from reports.charts import LineChart
 from reports.decide import compare_runs
 from reports.outcomes import server_counters
 from tests.gates.builder import RunBuilder
@@ -47,6 +48,7 @@ def pool_run(tmp_path: Path, kind: str, kept: dict[str, Any] | None, **config: f
 
 def drawn(path: Path) -> dict[str, float]:
     chart, _ = figures.pool_usage(load_run(path))
+    assert isinstance(chart, LineChart)
     return {re.sub(r" [0-9.]+( \(default\))?$", "", r.label): r.at for r in chart.hrules}
 
 
