@@ -35,7 +35,7 @@ The decision, per replica:
 - 0 outside a tight bound (width at most TIGHT_S): every server-stamped row of the replica
   is shifted by the bound's midpoint, so what is judged is off by at most TIGHT_S / 2
   (25 ms) - below the release gate's 0.5 s warn margin and its 0.5 s skew allowance,
-  and a twentieth of the batch gate's 1 s settling time - and a note gives the offset and
+  and a fortieth of the batch gate's 1 s settling time - and a note gives the offset and
   its bound.
 - otherwise: INVALID with `doubts_timing`, since no timing across the two clocks can
   prove a breach, and the bound says how far apart they may be.
@@ -193,7 +193,6 @@ def _judge(run: RunData, bound: OffsetBound, intervals: pd.DataFrame) -> list[Fi
                 "stepped during the run, or events that are not these requests': sync the "
                 "hosts' clocks (NTP, chrony) and re-run",
                 intervals,
-                0.0,
             )
         ]
     lo, hi = bound.lo, bound.hi
@@ -212,14 +211,13 @@ def _judge(run: RunData, bound: OffsetBound, intervals: pd.DataFrame) -> list[Fi
             "across the two clocks can be trusted; sync the hosts' clocks (NTP, chrony) and "
             "re-run",
             intervals,
-            0.0,
         ),
     ]
 
 
-def _invalid(message: str, intervals: pd.DataFrame, theta: float) -> Finding:
-    """INVALID over the entry events whose interval excludes `theta`."""
-    rows = intervals.loc[(intervals["lo"] > theta) | (intervals["hi"] < theta), "row"]
+def _invalid(message: str, intervals: pd.DataFrame) -> Finding:
+    """INVALID, naming the entry events whose interval excludes equal clocks."""
+    rows = intervals.loc[(intervals["lo"] > 0.0) | (intervals["hi"] < 0.0), "row"]
     finding = flagged(CHECK, Effect.INVALID, message, "server_events", rows.tolist(), "t")
     return dataclasses.replace(finding, doubts_timing=True)
 
