@@ -82,6 +82,10 @@ class MetricNames(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     kv_usage: tuple[str, ...] = ()  # gauge, used share of the KV pool, 0..1
+    # What one unit of the kv_usage gauge is as a share of the pool: 1 for a gauge in 0..1 (every
+    # engine kvgate knows), 0.01 for one in percent. The gates read shares: gates/evidence
+    # converts the readings by this before judging, and refuses a share outside 0..1.
+    kv_usage_scale: float = Field(default=1.0, gt=0.0, le=1.0)
     running: tuple[str, ...] = ()
     waiting: tuple[str, ...] = ()
     preemptions: tuple[str, ...] = ()  # counter

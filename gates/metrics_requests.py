@@ -151,22 +151,25 @@ def outcome_rate(run: RunData, flt: GateFilter, params: Mapping[str, Any]) -> Ob
 def cancel_release_latency(
     run: RunData, flt: GateFilter, params: Mapping[str, Any]
 ) -> Observations:
-    """Seconds from a client's cancel to the server's `released` event for that request."""
+    """Seconds from a client's cancel to the `released` event for that request, logged by
+    the replica that held it (its last admission); a release logged by any other replica
+    frees nothing there and does not count."""
     events = run.server_events
     if not events["event"].eq(EventKind.ADMITTED).any():
         return _release_from_histogram(run, flt)
     rows = select(run.requests[run.requests["cancel_at"].notna()], run, flt, "cancel_at")
     if isinstance(rows, str):
         return Observations.none(rows)
-    admitted = events.loc[events["event"].eq(EventKind.ADMITTED), "request_id"].unique()
-    rows = rows[isin(rows["request_id"], admitted)]
+    holders = holding_replica(events)
+    rows = rows[isin(rows["request_id"], holders.index)]
     if rows.empty:
         return Observations.none(
             f"no cancelled {_describe(flt)} request held a reservation, so release after cancel "
             "cannot be measured; the plan needs cancellations"
         )
-    released = events.loc[events["event"].eq(EventKind.RELEASED), ["request_id", "t"]]
-    joined = rows[["request_id", "cancel_at"]].merge(released, on="request_id", how="left")
+    released = events.loc[events["event"].eq(EventKind.RELEASED), ["request_id", "replica", "t"]]
+    held = rows[["request_id", "cancel_at"]].assign(replica=rows["request_id"].map(holders))
+    joined = held.merge(released, on=["request_id", "replica"], how="left")
     late = joined[joined["t"] >= joined["cancel_at"] - float(params["skew_s"])]
     first_after = late.groupby("request_id", sort=False)["t"].min()
     any_release = joined.dropna(subset=["t"]).groupby("request_id", sort=False)["t"].size()
@@ -189,15 +192,31 @@ def cancel_release_latency(
         notes.append(f"{int(never.sum())} cancelled requests were never released (+inf each)")
     if by_death.any():
         notes.append(f"{int(by_death.sum())} cancelled requests were freed by a replica's death")
+    holder_of = released["request_id"].map(holders)
+    elsewhere = isin(released["request_id"], ids) & released["replica"].ne(holder_of)
+    if elsewhere.any():
+        notes.append(
+            f"{int(elsewhere.sum())} releases of these requests were logged by a replica other "
+            "than the one that last admitted them, and free nothing there"
+        )
     return Observations(frame=frame, n_samples=len(rows), notes=notes)
+
+
+def holding_replica(events: pd.DataFrame) -> pd.Series:
+    """request_id -> the replica of its last admission: the one whose pool holds its blocks
+    (a retry elsewhere admits it again; the replica it left freed it or died)."""
+    admitted = events[events["event"].eq(EventKind.ADMITTED) & events["request_id"].notna()]
+    holder: pd.Series = (
+        admitted.sort_values("t", kind="stable").groupby("request_id")["replica"].last()
+    )
+    return holder
 
 
 def _death_after(
     run: RunData, events: pd.DataFrame, rows: pd.DataFrame, skew_s: float
 ) -> pd.Series:
     """Per cancelled request: when the replica holding it first died after the cancel."""
-    admitted = events[events["event"].eq(EventKind.ADMITTED)].sort_values("t")
-    holder = admitted.groupby("request_id", sort=False)["replica"].last()
+    holder = holding_replica(events)
     deaths = pd.concat(
         [
             events.loc[events["event"].isin(DEATH_EVENTS), ["replica", "t"]],

@@ -97,6 +97,7 @@ def oom_events(run: RunData, flt: GateFilter, params: Mapping[str, Any]) -> Obse
     ]
     increases = counter_increase(samples)
     increases = increases[increases["increase"] > 0]
+    nulls = int(samples["value"].isna().sum())
     if not increases.empty:
         detail = "kvgate_oom_total rose by " + increases["increase"].map("{:g}".format)
         parts.append(
@@ -115,6 +116,11 @@ def oom_events(run: RunData, flt: GateFilter, params: Mapping[str, Any]) -> Obse
         parts.append(_rows(1.0, died["t"], "server", detail))
     frame = pd.concat(parts, ignore_index=True)
     notes = []
+    if nulls:
+        notes.append(
+            f"{nulls} kvgate_oom_total readings were null and left out: each increase is taken "
+            "from the last reading before them"
+        )
     if events.empty and samples.empty:
         notes.append(
             "judged from the server's answers alone: this target showed no OOM events or "
@@ -154,6 +160,8 @@ def _unexplained_deaths(run: RunData, flt: GateFilter) -> pd.DataFrame:
 def tenant_pool_share(run: RunData, flt: GateFilter, params: Mapping[str, Any]) -> Observations:
     """Each tenant's share of a replica's KV pool over time (samples, else rebuilt from events)."""
     samples = run.samples[run.samples["metric"].eq("kvgate_tenant_pool_share")]
+    nulls = int(samples["value"].isna().sum())
+    samples = samples[samples["value"].notna()]
     if not samples.empty:
         frame = _rows(
             samples["value"].to_numpy(dtype=float),
@@ -166,6 +174,8 @@ def tenant_pool_share(run: RunData, flt: GateFilter, params: Mapping[str, Any]) 
     else:
         frame = _share_from_events(run.server_events)
         notes = ["rebuilt from server events (blocks held per request)"]
+    if nulls:
+        notes.append(f"{nulls} null kvgate_tenant_pool_share samples left out (no reading)")
     if frame.empty:
         return Observations.none(
             "no kvgate_tenant_pool_share samples and no server events with blocks"

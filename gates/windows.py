@@ -134,9 +134,12 @@ def label_value(labels: pd.Series, key: str) -> pd.Series:
 
 def counter_increase(samples: pd.DataFrame) -> pd.DataFrame:
     """Per (target, labels) series of a counter: its increase over the rows, counting resets.
+    A null reading is no reading: each value is compared with the last non-null one before
+    it, so an increase that straddles a failed scrape is still counted.
 
     Returns columns target, labels, increase, t_first (first time it rose).
     """
+    samples = samples[samples["value"].notna()]
     if samples.empty:
         return pd.DataFrame(columns=["target", "labels", "increase", "t_first"])
     ordered = samples.sort_values(["target", "labels", "t"], kind="stable")
