@@ -20,19 +20,22 @@ GATES = (
     title: P95 TTFT at most 1 s
     metric: ttft
     pass: "p(95) <= 1s"
-    key: true""",
+    key: true
+    blocks: the critical tier is sold on its first token""",
     """
   - id: availability
     title: At least 90% of requests served
     metric: availability
     pass: "rate >= 0.9"
-    key: true""",
+    key: true
+    blocks: a request that fails is an outage for its client""",
     """
   - id: no_oom
     title: No OOM
     metric: oom_events
     pass: "count == 0"
-    key: true""",
+    key: true
+    blocks: an OOM kills every request on its replica""",
 )
 
 Judge = Callable[[RunBuilder], Verdict]
@@ -51,17 +54,18 @@ def clean(n: int = 100) -> RunBuilder:
 
 
 @pytest.fixture
-def gates(tmp_path: Path) -> GateFile:
+def small_gates(tmp_path: Path) -> GateFile:
     return load_gate_file(gate_file(tmp_path / "evidence.gates.yaml", *GATES))
 
 
 @pytest.fixture
-def judge(tmp_path: Path, gates: GateFile) -> Judge:
-    """Write a builder's run (JSON lines) and judge it by GATES."""
+def check(tmp_path: Path, small_gates: GateFile) -> Judge:
+    """Write a builder's run (JSON lines) and judge it by GATES (the `judge` of the gate
+    tests judges by the built-in gates)."""
     counter = iter(range(1000))
 
     def run(builder: RunBuilder) -> Verdict:
-        return evaluate(load_run(builder.write(tmp_path / f"run{next(counter)}")), gates)
+        return evaluate(load_run(builder.write(tmp_path / f"run{next(counter)}")), small_gates)
 
     return run
 

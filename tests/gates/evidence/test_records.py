@@ -17,9 +17,9 @@ from tests.gates.conftest import gate
 from tests.gates.evidence.conftest import Judge, clean, messages
 
 
-def refused(judge: Judge, b: RunBuilder) -> str:
+def refused(check: Judge, b: RunBuilder) -> str:
     with pytest.raises(EvidenceRefused) as caught:
-        judge(b)
+        check(b)
     return str(caught.value)
 
 
@@ -28,8 +28,8 @@ def ran_clean(verdict: Verdict, check: str) -> bool:
     return any(c["name"] == check and c["clean"] for c in verdict.evidence["checks"])
 
 
-def test_the_clean_run_passes_every_check_of_its_records(judge: Judge) -> None:
-    verdict = judge(clean())
+def test_the_clean_run_passes_every_check_of_its_records(check: Judge) -> None:
+    verdict = check(clean())
     assert verdict.status == Status.PASS
     assert all(ran_clean(verdict, c) for c in ("enum_domains", "value_ranges", "unique_records"))
 
@@ -37,12 +37,12 @@ def test_the_clean_run_passes_every_check_of_its_records(judge: Judge) -> None:
 # -- enum domains --------------------------------------------------------------------------
 
 
-def test_a_priority_that_differs_only_by_case_is_refused_with_a_hint(judge: Judge) -> None:
+def test_a_priority_that_differs_only_by_case_is_refused_with_a_hint(check: Judge) -> None:
     b = clean()
     for i in (3, 7):
         b.rows["requests"][i]["priority"] = "Critical"
     b.rows["requests"][9]["priority"] = "urgent"
-    text = refused(judge, b)
+    text = refused(check, b)
     assert (
         "requests.priority holds 3 value(s) that are not a contract.Priority: "
         "'Critical' (rows 3, 7; did you mean 'critical'?), 'urgent' (row 9); "
@@ -61,28 +61,28 @@ def test_a_priority_that_differs_only_by_case_is_refused_with_a_hint(judge: Judg
     ],
 )
 def test_values_outside_the_contract_are_refused_naming_table_column_and_row(
-    judge: Judge, table: str, column: str, value: str, hint: str | None
+    check: Judge, table: str, column: str, value: str, hint: str | None
 ) -> None:
     b = clean()
     b.rows[table][4][column] = value
-    text = refused(judge, b)
+    text = refused(check, b)
     assert f"{table}.{column} holds 1 value(s) that are not" in text
     assert f"{value!r} (row 4" in text and f"[{table}.{column}, row 4]" in text
     assert (f"did you mean {hint!r}?" in text) == (hint is not None)
 
 
 def test_an_engines_own_integer_priority_is_in_its_domain_only_where_its_profile_has_one(
-    judge: Judge,
+    check: Judge,
 ) -> None:
     """vLLM's recorder names the priority each request ran at by the profile's mapping, and
     keeps an integer nobody mapped (another client's request) as its number."""
     b = clean()
     b.event("admitted", 30, request_id="someone-elses", priority="7")
-    assert "'7' (row 200)" in refused(judge, b)  # the reference server has no such field
+    assert "'7' (row 200)" in refused(check, b)  # the reference server has no such field
     b.meta["target"]["kind"] = "vllm"
-    assert judge(b).status == Status.PASS
+    assert check(b).status == Status.PASS
     b.rows["server_events"][-1]["priority"] = "seven"
-    assert "or an integer priority of vllm's own: 'seven'" in refused(judge, b)
+    assert "or an integer priority of vllm's own: 'seven'" in refused(check, b)
 
 
 def test_kvgate_gate_exits_2_on_a_refusal(
@@ -132,18 +132,18 @@ def test_kvgate_gate_exits_2_on_a_refusal(
     ],
 )
 def test_impossible_numbers_are_refused_naming_the_row_and_value(
-    judge: Judge, fields: dict[str, Any], column: str, shown: str
+    check: Judge, fields: dict[str, Any], column: str, shown: str
 ) -> None:
     b = clean()
     b.rows["requests"][5] |= fields
-    text = refused(judge, b)
+    text = refused(check, b)
     assert f"value_ranges: requests.{column} " in text and shown in text
     assert f"[requests.{column}, row 5]" in text
     if column == "retry_after_s":
         assert "(as the client recorded it from the Retry-After header the server sent)" in text
 
 
-def test_what_is_possible_is_not_refused(judge: Judge) -> None:
+def test_what_is_possible_is_not_refused(check: Judge) -> None:
     """A first token within a millisecond of the end (a writer that rounds), no first token
     on an answer without content or on one that failed, and no status on a broken
     connection are all records kvgate's own writer makes."""
@@ -152,7 +152,7 @@ def test_what_is_possible_is_not_refused(judge: Judge) -> None:
     b.rows["requests"][2] |= {"ttft_s": None, "chunks": 0}
     b.rows["requests"][3] |= {"ttft_s": None, "chunks": 2, "outcome": "cancelled"}
     b.rows["requests"][4] |= {"ttft_s": None, "http_status": None, "outcome": "disconnected"}
-    verdict = judge(b)
+    verdict = check(b)
     assert ran_clean(verdict, "value_ranges")
     assert gate(verdict, "availability").n_samples == 99  # the cancel is left out
 
@@ -160,10 +160,10 @@ def test_what_is_possible_is_not_refused(judge: Judge) -> None:
 # -- uniqueness ----------------------------------------------------------------------------
 
 
-def test_a_request_written_twice_is_judged_once_and_the_run_is_invalid(judge: Judge) -> None:
+def test_a_request_written_twice_is_judged_once_and_the_run_is_invalid(check: Judge) -> None:
     b = clean()
     b.rows["requests"] += [dict(b.rows["requests"][i]) for i in (10, 11, 10)]
-    verdict = judge(b)
+    verdict = check(b)
     assert verdict.status == Status.INVALID
     assert gate(verdict, "ttft_p95").n_samples == 100
     [message] = messages(verdict, "unique_records")
@@ -175,10 +175,10 @@ def test_a_request_written_twice_is_judged_once_and_the_run_is_invalid(judge: Ju
     assert finding["rows"] == [100, 101, 102] and finding["table"] == "requests"
 
 
-def test_conflicting_rows_of_one_request_keep_the_first_and_name_both(judge: Judge) -> None:
+def test_conflicting_rows_of_one_request_keep_the_first_and_name_both(check: Judge) -> None:
     b = clean()
     b.request("r5", t=30, outcome="error", http_status=500, e2e_s=0.3, chunks=0, replica="r0")
-    verdict = judge(b)
+    verdict = check(b)
     assert verdict.status == Status.INVALID
     assert gate(verdict, "availability").value == 1.0  # the first row, ok, was judged
     [message] = messages(verdict, "unique_records")
@@ -190,16 +190,16 @@ def test_conflicting_rows_of_one_request_keep_the_first_and_name_both(judge: Jud
 
 
 def test_a_server_event_is_one_replica_and_seq_but_the_harness_rows_may_repeat(
-    judge: Judge,
+    check: Judge,
 ) -> None:
     b = clean()
     b.event("replica_started", 1, replica="r0", seq=-1, request_id=None)
     b.event("replica_started", 1, replica="r1", seq=-1, request_id=None)
     b.event("replica_started", 2, replica="r0", seq=-1, request_id=None)  # another sampler
-    assert judge(b).status == Status.PASS
+    assert check(b).status == Status.PASS
     b.rows["server_events"].append(dict(b.rows["server_events"][7]))
     b.event("finished", 40, replica="r0", seq=3, request_id="r1")
-    verdict = judge(b)
+    verdict = check(b)
     assert verdict.status == Status.INVALID
     exact, clash = messages(verdict, "unique_records")
     assert exact.startswith("1 server_events row(s) written twice")
@@ -208,8 +208,8 @@ def test_a_server_event_is_one_replica_and_seq_but_the_harness_rows_may_repeat(
     )
 
 
-def test_rows_the_sink_dropped_are_no_finding(judge: Judge) -> None:
+def test_rows_the_sink_dropped_are_no_finding(check: Judge) -> None:
     b = clean()
     b.meta["records"] = {"written": 100, "duplicates_dropped": 4}
-    verdict = judge(b)
+    verdict = check(b)
     assert ran_clean(verdict, "unique_records") and verdict.status == Status.PASS

@@ -22,12 +22,12 @@ from tests.gates.evidence.conftest import Judge, clean, messages
 # -- the run window ------------------------------------------------------------------------
 
 
-def test_requests_from_outside_the_run_are_dropped_and_the_run_is_invalid(judge: Judge) -> None:
+def test_requests_from_outside_the_run_are_dropped_and_the_run_is_invalid(check: Judge) -> None:
     b = clean()
     b.request("stale-1", t=-3600, ttft_s=5.0, e2e_s=6.0, chunks=5)
     b.request("stale-2", t=-3500, ttft_s=5.0, e2e_s=6.0, chunks=5)
     b.request("edge", t=124, ttft_s=0.1, e2e_s=0.3, chunks=5)  # within the slack of t_end
-    verdict = judge(b)
+    verdict = check(b)
     assert verdict.status == Status.INVALID
     assert gate(verdict, "ttft_p95").n_samples == 101
     [message] = messages(verdict, "run_window")
@@ -39,14 +39,14 @@ def test_requests_from_outside_the_run_are_dropped_and_the_run_is_invalid(judge:
 
 
 def test_a_long_lived_servers_events_from_before_the_run_are_left_out_with_a_note(
-    judge: Judge,
+    check: Judge,
 ) -> None:
     """An external server shows its whole event log from the first read: an OOM an hour
     before this run began is not this run's, and today it fails no_oom."""
     b = clean()
     b.event("oom", -3600, request_id=None)
     b.event("admitted", -3601, request_id="an-earlier-runs")
-    verdict = judge(b)
+    verdict = check(b)
     assert gate(verdict, "no_oom").status == Status.PASS
     assert verdict.status == Status.PASS
     [note] = messages(verdict, "run_window")
@@ -55,24 +55,24 @@ def test_a_long_lived_servers_events_from_before_the_run_are_left_out_with_a_not
 
 
 def test_an_event_of_the_runs_own_request_outside_the_window_makes_it_invalid(
-    judge: Judge,
+    check: Judge,
 ) -> None:
     b = clean()
     b.event("released", 200, request_id="r3")
-    verdict = judge(b)
+    verdict = check(b)
     assert verdict.status == Status.INVALID
     [message] = messages(verdict, "run_window")
     assert "1 server event(s) about the run's own requests lie outside its window" in message
     assert "up to 80 s after it" in message and "sync the hosts' clocks" in message
 
 
-def test_samples_from_outside_the_window_are_left_out_with_a_note(judge: Judge) -> None:
+def test_samples_from_outside_the_window_are_left_out_with_a_note(check: Judge) -> None:
     b = (
         clean()
         .sample("kvgate_pool_used_blocks", 1.0, -600)
         .sample("kvgate_pool_used_blocks", 1, 50)
     )
-    verdict = judge(b)
+    verdict = check(b)
     assert verdict.status == Status.PASS
     assert messages(verdict, "run_window") == [
         "1 sample(s) taken outside the run's window [1000000.000, 1000120.000], up to 600 s "
@@ -80,10 +80,10 @@ def test_samples_from_outside_the_window_are_left_out_with_a_note(judge: Judge) 
     ]
 
 
-def test_a_run_without_its_edges_is_not_checked_against_them_and_says_so(judge: Judge) -> None:
+def test_a_run_without_its_edges_is_not_checked_against_them_and_says_so(check: Judge) -> None:
     b = clean()
     del b.meta["t_start"], b.meta["t_end"]
-    verdict = judge(b)
+    verdict = check(b)
     assert verdict.status == Status.PASS
     assert any("gives no t_start and t_end" in n for n in verdict.notes)
 
@@ -97,35 +97,34 @@ def test_a_run_without_its_edges_is_not_checked_against_them_and_says_so(judge: 
         ("interrupted", "interrupted (Ctrl-C)", "the run was interrupted (interrupted (Ctrl-C))"),
         ("error", "RuntimeError: boom", "ended in an error (RuntimeError: boom); harness-error"),
         ("running", None, "has not finished: meta.json says `running`"),
-        ("paused", None, "has status 'paused', which kvgate never writes"),
     ],
 )
 def test_a_run_that_did_not_complete_is_invalid_and_must_be_re_run(
-    judge: Judge, status: str, error: str | None, said: str
+    check: Judge, status: str, error: str | None, said: str
 ) -> None:
     b = clean()
     b.meta |= {"status": status, "error": error}
-    verdict = judge(b)
+    verdict = check(b)
     assert verdict.status == Status.INVALID
     [message] = messages(verdict, "run_finished")
     assert said in message and message.endswith("re-run it")
 
 
-def test_an_unfinished_run_whose_blocking_gate_failed_for_good_still_fails(judge: Judge) -> None:
+def test_an_unfinished_run_whose_blocking_gate_failed_for_good_still_fails(check: Judge) -> None:
     b = clean().event("oom", 40, request_id=None)
     b.meta |= {"status": "interrupted", "error": "interrupted (Ctrl-C)"}
-    verdict = judge(b)
+    verdict = check(b)
     assert gate(verdict, "no_oom").status == Status.FAIL
     assert verdict.status == Status.FAIL
     assert messages(verdict, "run_finished")
 
 
-def test_a_completed_run_is_clean_and_one_without_status_gets_a_note(judge: Judge) -> None:
+def test_a_completed_run_is_clean_and_one_without_status_gets_a_note(check: Judge) -> None:
     b = clean()
     b.meta["status"] = "completed"
-    assert not messages(judge(b), "run_finished")
+    assert not messages(check(b), "run_finished")
     del b.meta["status"]
-    [note] = messages(judge(b), "run_finished")
+    [note] = messages(check(b), "run_finished")
     assert note.startswith("meta.json has no status (a run built by hand")
 
 
@@ -145,30 +144,30 @@ def planned(b: RunBuilder, duration_s: float, **meta: object) -> RunBuilder:
 
 
 def test_requests_that_cover_a_tenth_of_the_planned_load_make_the_run_invalid(
-    judge: Judge,
+    check: Judge,
 ) -> None:
     b = RunBuilder()
     for i in range(181):
         b.request(f"r{i}", t=10 + i * 0.5, ttft_s=0.1, e2e_s=0.3, chunks=5)
-    verdict = judge(planned(b, 900))
+    verdict = check(planned(b, 900))
     assert verdict.status == Status.INVALID
     [message] = messages(verdict, "load_covered")
     assert message.startswith(
         "the requests cover 90 s of 900 s planned (from +0 s to +90 s of the load): the "
         "records of the rest are missing"
     )
-    assert judge(planned(b, 100)).status == Status.PASS  # 90 s of 100: a user's last wait
+    assert check(planned(b, 100)).status == Status.PASS  # 90 s of 100: a user's last wait
 
 
 def test_a_few_users_with_long_answers_cover_the_load_while_their_requests_are_in_flight(
-    judge: Judge,
+    check: Judge,
 ) -> None:
     """Closed-loop users send their next request when the last is answered: three sends in
     120 s of load, 40 s apart, are a load that never paused."""
     b = RunBuilder()
     for i in range(100):
         b.request(f"r{i}", t=10 + 40 * (i % 3), ttft_s=0.5, e2e_s=39.0, chunks=100)
-    verdict = judge(planned(b, 120))
+    verdict = check(planned(b, 120))
     assert verdict.status == Status.PASS
     assert not messages(verdict, "load_covered")
     assert [c["name"] for c in verdict.evidence["checks"] if c["clean"]][-2:] == [
@@ -185,16 +184,16 @@ def test_a_few_users_with_long_answers_cover_the_load_while_their_requests_are_i
     ],
 )
 def test_a_load_that_stopped_early_for_a_stated_reason_is_held_to_how_long_it_ran(
-    judge: Judge, meta: dict[str, object]
+    check: Judge, meta: dict[str, object]
 ) -> None:
     b = RunBuilder()
     for i in range(181):
         b.request(f"r{i}", t=10 + i * 0.5, ttft_s=0.1, e2e_s=0.3, chunks=5)
     planned(b, 900, **meta)
     b.meta["windows"] = {"stress": [T0 + 10, T0 + 100]}
-    assert not messages(judge(b), "load_covered")
+    assert not messages(check(b), "load_covered")
     b.meta["windows"] = {"stress": [T0 + 10, T0 + 400]}  # it ran 390 s, the records cover 90
-    [message] = messages(judge(b), "load_covered")
+    [message] = messages(check(b), "load_covered")
     assert "cover 90 s of the 390 s the load ran (" in message
 
 
@@ -202,12 +201,12 @@ def test_a_load_that_stopped_early_for_a_stated_reason_is_held_to_how_long_it_ra
 
 
 def test_rows_missing_against_meta_tables_make_the_run_invalid(
-    tmp_path: Path, gates: GateFile
+    tmp_path: Path, small_gates: GateFile
 ) -> None:
     b = clean()
     counts = {name: len(rows) for name, rows in b.rows.items()}
     b.meta["tables"] = counts | {"requests": 140}
-    verdict = evaluate(load_run(b.write(tmp_path / "run", fmt="parquet")), gates)
+    verdict = evaluate(load_run(b.write(tmp_path / "run", fmt="parquet")), small_gates)
     assert verdict.status == Status.INVALID
     [message] = messages(verdict, "tables_complete")
     assert message.startswith(
@@ -217,7 +216,7 @@ def test_rows_missing_against_meta_tables_make_the_run_invalid(
 
 
 def test_a_damaged_parquet_file_says_how_to_recover_without_deleting_it(
-    tmp_path: Path, gates: GateFile
+    tmp_path: Path, small_gates: GateFile
 ) -> None:
     b = clean()
     b.meta["tables"] = {name: len(rows) for name, rows in b.rows.items()}
@@ -231,7 +230,7 @@ def test_a_damaged_parquet_file_says_how_to_recover_without_deleting_it(
     assert "do not delete it, its rows are nowhere else: restore it from a copy of the run" in text
     assert "rename it to requests.parquet.damaged to judge what is left" in text
     damaged.rename(run / "requests.parquet.damaged")
-    verdict = evaluate(load_run(run), gates)
+    verdict = evaluate(load_run(run), small_gates)
     assert verdict.status == Status.INVALID
     [message] = messages(verdict, "tables_complete")
     assert "0 were read, 100 missing (requests.parquet is missing)" in message
@@ -243,7 +242,7 @@ def write_part(run: Path, table: str, n: int, rows: list[dict[str, object]]) -> 
     pd.DataFrame(rows).to_parquet(name, index=False)
 
 
-def test_a_part_missing_from_a_crashed_run_is_named(tmp_path: Path, gates: GateFile) -> None:
+def test_a_part_missing_from_a_crashed_run_is_named(tmp_path: Path, small_gates: GateFile) -> None:
     """A run that died before compaction: its tables are parts and live JSON lines, and
     meta.json has no counts. A gap in the parts' numbers is rows lost."""
     b = clean()
@@ -252,7 +251,7 @@ def test_a_part_missing_from_a_crashed_run_is_named(tmp_path: Path, gates: GateF
     (run / "requests.jsonl").write_text("".join(json.dumps(r) + "\n" for r in requests[75:]))
     write_part(run, "requests", 1, requests[:25])
     write_part(run, "requests", 3, requests[50:75])
-    verdict = evaluate(load_run(run), gates)
+    verdict = evaluate(load_run(run), small_gates)
     [message] = messages(verdict, "tables_complete")
     assert message.startswith(
         "table requests is incomplete: 1 part(s) of 1..3 are missing "
@@ -277,11 +276,11 @@ def test_an_unreadable_part_whose_json_lines_remain_says_to_read_those(tmp_path:
     )
 
 
-def test_a_harness_run_that_is_whole_has_no_finding(tmp_path: Path, gates: GateFile) -> None:
+def test_a_harness_run_that_is_whole_has_no_finding(tmp_path: Path, small_gates: GateFile) -> None:
     b = planned(clean(), 50)
     b.meta["windows"] = {"stress": [T0 + 20, T0 + 70]}
     b.meta["tables"] = {name: len(rows) for name, rows in b.rows.items()}
-    verdict: Verdict = evaluate(load_run(b.write(tmp_path / "run", fmt="parquet")), gates)
+    verdict: Verdict = evaluate(load_run(b.write(tmp_path / "run", fmt="parquet")), small_gates)
     assert verdict.status == Status.PASS
     assert verdict.evidence["findings"] == []
     assert [c["name"] for c in verdict.evidence["checks"]][-4:] == [
