@@ -15,7 +15,7 @@ import json
 import math
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +58,8 @@ class Table:
     frame: pd.DataFrame
     source: str  # "parquet", "jsonl", "parts" (a long run before compaction) or "absent"
     dropped: int = 0
+    parts: tuple[int, ...] = ()  # the numbers of the parts read, when source is "parts"
+    set_aside: tuple[str, ...] = ()  # its files renamed to `*.damaged` (_unreadable_fix)
 
 
 @dataclass(slots=True)
@@ -79,6 +81,12 @@ class RunData:
     # table name -> where it came from ("parquet", "jsonl", "absent") and dropped lines.
     sources: dict[str, str] = field(default_factory=dict)
     truncated_lines: dict[str, int] = field(default_factory=dict)
+    # Each table's rows as read, before an evidence check dropped any, and the numbers of the
+    # parts it was read from, and its files set aside as damaged: what the completeness
+    # check holds against meta.json's counts.
+    rows_read: dict[str, int] = field(default_factory=dict)
+    parts: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    set_aside: dict[str, tuple[str, ...]] = field(default_factory=dict)
     # Derived results keyed by what computed them (metrics shared by gates and reports).
     cache: dict[tuple[Any, ...], Any] = field(default_factory=dict)
     # What the evidence checks found (a gates.evidence.EvidenceReport once they have run:
@@ -147,6 +155,9 @@ def load_run(run_dir: Path | str, current_profiles: bool = False) -> RunData:
         profile_note=judged_by.note,
         sources={name: table.source for name, table in tables.items()},
         truncated_lines={name: t.dropped for name, t in tables.items() if t.dropped},
+        rows_read={name: len(table.frame) for name, table in tables.items()},
+        parts={name: table.parts for name, table in tables.items() if table.parts},
+        set_aside={name: table.set_aside for name, table in tables.items() if table.set_aside},
     )
 
 
@@ -198,12 +209,19 @@ def read_meta(run_dir: Path) -> dict[str, Any]:
 def read_table(run_dir: Path, name: str) -> Table:
     """Table `name` of `run_dir`: `<name>.parquet` when compacted; else the parts a long run
     set aside (`<name>.part-NNNNN.parquet`, or its JSON lines while it is being converted)
-    in order, then `<name>.jsonl`."""
+    in order, then `<name>.jsonl`. Files renamed to `*.damaged` are not read, only named."""
+    table = _read_files(run_dir, name)
+    aside = tuple(sorted(p.name for p in run_dir.glob(f"{name}.*{DAMAGED}")))
+    return replace(table, set_aside=aside) if aside else table
+
+
+def _read_files(run_dir: Path, name: str) -> Table:
     parquet = run_dir / f"{name}.parquet"
     if parquet.is_file():
         return Table(_read_parquet(parquet, name), "parquet")
     jsonl = run_dir / f"{name}.jsonl"
-    parts = [path for _, path in part_files(run_dir, name)]
+    numbered = part_files(run_dir, name)
+    parts = [path for _, path in numbered]
     if not parts:
         if jsonl.is_file():
             return read_jsonl_table(jsonl, name)
@@ -217,10 +235,13 @@ def read_table(run_dir: Path, name: str) -> Table:
     if jsonl.is_file():
         pieces.append(read_jsonl_table(jsonl, name))
     frame = pd.concat([t.frame for t in pieces], ignore_index=True)
-    return Table(frame, "parts", sum(t.dropped for t in pieces))
+    return Table(frame, "parts", sum(t.dropped for t in pieces), tuple(n for n, _ in numbered))
 
 
 PART_NAME = re.compile(r"^(?P<table>[a-z_]+)\.part-(?P<n>\d+)\.(?P<kind>parquet|jsonl)$")
+# A file renamed with this suffix is set aside: never read, but named by the completeness
+# check (gates/evidence), so the rows it holds are missing out loud, not silently.
+DAMAGED = ".damaged"
 
 
 def part_files(run_dir: Path, name: str) -> list[tuple[int, Path]]:
@@ -330,9 +351,7 @@ def _read_parquet(path: Path, name: str) -> pd.DataFrame:
     try:
         arrow = pq.read_table(path)
     except Exception as exc:  # pyarrow raises several types for a damaged file
-        raise RunDirError(
-            f"{path} cannot be read ({exc}); delete it to fall back to JSON lines"
-        ) from exc
+        raise RunDirError(f"{path} cannot be read ({exc}); {_unreadable_fix(path, name)}") from exc
     expected = COLUMNS[name]
     for column in arrow.column_names:
         if column not in expected:
@@ -356,6 +375,22 @@ def _read_parquet(path: Path, name: str) -> pd.DataFrame:
             )
     frame = arrow.to_pandas()
     return _conform(frame, name, lambda i: f"{path} row {i + 1}")
+
+
+def _unreadable_fix(path: Path, name: str) -> str:
+    """How to go on from an unreadable Parquet file without losing the rows it holds."""
+    json_lines = path.with_suffix(".jsonl")
+    if PART_NAME.match(path.name) and json_lines.is_file():
+        return (
+            f"its JSON lines are still beside it (the conversion was cut short): rename it to "
+            f"{path.name}{DAMAGED} and the reader reads {json_lines.name} instead "
+            f"(`python -m harness.rundir part {json_lines} {name}` converts them again)"
+        )
+    return (
+        "do not delete it, its rows are nowhere else: restore it from a copy of the run if "
+        f"there is one; else rename it to {path.name}{DAMAGED} to judge what is left, and the "
+        "run reads INVALID, naming the file and the rows missing"
+    )
 
 
 def _conform(frame: pd.DataFrame, name: str, where: Callable[[int], str]) -> pd.DataFrame:

@@ -107,11 +107,14 @@ def make_run(
             )
         else:
             frame.to_json(out / f"{name}.jsonl", orient="records", lines=True)
-    (out / schema.META_FILE).write_text(json.dumps(_meta(line, flavour, seed).dumped(), indent=2))
+    # The harness takes t_end once every writer has closed: after the last release too.
+    t_end = max(T0 + line.duration, float(tables[schema.SERVER_EVENTS]["t"].max()))
+    meta = _meta(line, flavour, seed, t_end)
+    (out / schema.META_FILE).write_text(json.dumps(meta.dumped(), indent=2))
     return out
 
 
-def _meta(line: Timeline, flavour: Flavour, seed: int) -> RunMeta:
+def _meta(line: Timeline, flavour: Flavour, seed: int, t_end: float) -> RunMeta:
     policy = "naive" if flavour == "oom" else "seed"
     return RunMeta(
         status="completed",
@@ -133,7 +136,7 @@ def _meta(line: Timeline, flavour: Flavour, seed: int) -> RunMeta:
         harness_version="synthetic",
         hosts=[{"hostname": "localhost"}],
         t_start=T0,
-        t_end=T0 + line.duration,
+        t_end=t_end,
         seed=seed,
         cpu_warning=False,
         cpu_warnings=[],

@@ -13,15 +13,17 @@ from gates.evaluator import evaluate
 from gates.rundir import load_run
 from gates.spec import load_gate_file
 from gates.verdict import Status, Verdict
-from tests.gates.builder import RunBuilder, gate_file, preempted
+from tests.gates.builder import T0, RunBuilder, gate_file, preempted
 from tests.gates.conftest import gate
 
 Judge = Callable[[RunBuilder], Verdict]
 
 
 def cancelled_run(latencies: Sequence[float | None]) -> RunBuilder:
-    """Cancelled requests that held reservations; None: the server never released it."""
+    """Cancelled requests that held reservations, one a second from +20 s (the run lasts
+    until they are done); None: the server never released it."""
     b = RunBuilder()
+    b.meta["t_end"] = max(b.meta["t_end"], T0 + 30 + len(latencies))
     for i, latency in enumerate(latencies):
         rid = f"c{i}"
         b.request(

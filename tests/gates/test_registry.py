@@ -14,7 +14,10 @@ from typing import Any
 import pytest
 
 import gates
+import gates.evidence
 from gates.evaluator import evaluate
+from gates.evidence import CHECKS
+from gates.evidence import MODULES as EVIDENCE_MODULES
 from gates.metrics import MODULES, REGISTRY, Cause
 from gates.registry import metric
 from gates.rundir import load_run
@@ -78,6 +81,35 @@ def readme_metrics() -> dict[str, dict[str, str]]:
         assert name not in rows, f"{name} appears twice in the README's metrics table"
         rows[name] = cells
     return rows
+
+
+def readme_evidence_checks() -> dict[str, dict[str, str]]:
+    """The gates README's table of evidence checks: check name -> its cells by column."""
+    text = README.read_text()
+    section = text[text.index("\n## Evidence checks\n") : text.index("\n### Clock offset")]
+    lines = [line for line in section.splitlines() if line.startswith("|")]
+    header = [c.strip() for c in lines[0].strip("|").split("|")]
+    rows: dict[str, dict[str, str]] = {}
+    for line in lines[2:]:
+        cells = dict(zip(header, (c.strip() for c in line.strip("|").split("|")), strict=True))
+        name = cells["check"].strip("`")
+        assert name not in rows, f"{name} appears twice in the README's evidence checks"
+        rows[name] = cells
+    return rows
+
+
+def test_every_evidence_check_module_is_discovered_and_the_readme_lists_each_check() -> None:
+    """A new gates/evidence/checks_*.py registers its checks by itself; the README's table
+    shows each with its order and its description (the first line of its docstring)."""
+    folder = Path(gates.evidence.__file__).parent
+    files = {f"gates.evidence.{p.stem}" for p in folder.glob("checks_*.py")}
+    assert {m.__name__ for m in EVIDENCE_MODULES} == files
+    assert {c.fn.__module__ for c in CHECKS.values()} == files
+    rows = readme_evidence_checks()
+    assert list(rows) == [c.name for c in sorted(CHECKS.values(), key=lambda c: (c.order, c.name))]
+    for name, check in CHECKS.items():
+        assert rows[name]["order"] == str(check.order), name
+        assert rows[name]["guards"] == check.description, name
 
 
 def cause_cell(cause: Cause, weight: int) -> str:
