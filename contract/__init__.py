@@ -23,7 +23,9 @@ from typing import TYPE_CHECKING, Final, Literal, get_args
 # (contract.enums), the percentile (contract.quantiles) and the seed's numbers
 # (contract.seed) are imported from their modules.
 from contract.enums import RETRY_STATUSES as RETRY_STATUSES
+from contract.enums import ClientCode as ClientCode
 from contract.enums import EventKind as EventKind
+from contract.enums import FinishReason as FinishReason
 from contract.enums import Outcome as Outcome
 from contract.enums import Priority as Priority
 from contract.enums import RejectCause as RejectCause

@@ -1,6 +1,6 @@
 """The closed sets of names every stage shares, as StrEnums: priorities, request outcomes,
-reject codes and server-event kinds, each with the groupings and properties a stage asks of
-it defined once here.
+the load generator's own error codes, finish reasons, reject codes and server-event kinds,
+each with the groupings and properties a stage asks of it defined once here.
 
 A member is a `str` equal to its value, so it compares, hashes, serialises (JSON, Parquet,
 pandas) and formats as the plain name; a table read back from a run directory holds those
@@ -70,6 +70,50 @@ BROKEN_OUTCOMES: Final = frozenset({Outcome.TIMEOUT, Outcome.DISCONNECTED, Outco
 # The endings that are neither the server's failure nor its refusal; a reader of a table
 # counts every other value (a missing one too) as unserved.
 ANSWERED_OR_CANCELLED: Final = frozenset({Outcome.OK, Outcome.CANCELLED})
+
+
+class ClientCode(enum.StrEnum):
+    """The `error_code` the load generator records for an ending it classified itself (a
+    server's own code, such as a RejectCode, is recorded as the server sent it). The comment
+    on each names the outcome it goes with."""
+
+    HEAD_TIMEOUT = "head_timeout"  # timeout: no response head within head_timeout_s
+    FIRST_TOKEN_TIMEOUT = "first_token_timeout"  # timeout: no token within its limit
+    CLIENT_TIMEOUT = "client_timeout"  # timeout: no ending within timeout_s
+    CONNECT_FAILED = "connect_failed"  # error: no connection to the target
+    CONNECTION_CLOSED = "connection_closed"  # disconnected: closed before the ending
+    CONNECTION_LOST = "connection_lost"  # disconnected: the socket failed
+    PROTOCOL_ERROR = "protocol_error"  # protocol_error: not HTTP, SSE or the OpenAI shape
+    STREAM_ERROR = "stream_error"  # error: an error event in the stream that names no code
+    USER_STOPPED = "user_stopped"  # cancelled: the load generator stopped at the load's end
+    # error: a stream that ended cleanly (`[DONE]`, or a finish_reason and the close) with
+    # not one content chunk, although it asked for output. The server said it answered and
+    # served nothing, so the request was not served: no first token, a failure.
+    EMPTY_STREAM = "empty_stream"
+
+
+def answered_empty(outcome: str, chunks: float | None, max_tokens: float | None) -> bool:
+    """A record that says `ok` although its stream carried no content and it asked for
+    output (max_tokens unset or above 0): the ending the client now records as an `error`
+    with ClientCode.EMPTY_STREAM, as a client before that code wrote it. Readers of a run
+    count it as that error. Unknown chunks (None or NaN) are taken as the record says."""
+    return outcome == Outcome.OK and chunks == 0 and max_tokens != 0
+
+
+class FinishReason(enum.StrEnum):
+    """The OpenAI `finish_reason` values a gate reads (a server may send others)."""
+
+    STOP = "stop"  # the model ended its answer (EOS, a stop string)
+    LENGTH = "length"  # the answer reached max_tokens (or the context's end)
+    ABORT = "abort"  # vLLM's: the engine gave the request up unfinished
+
+    @property
+    def normal(self) -> bool:
+        """The request ran to its end (NORMAL_FINISHES); anything else was cut off."""
+        return self in NORMAL_FINISHES
+
+
+NORMAL_FINISHES: Final = frozenset({FinishReason.STOP, FinishReason.LENGTH})
 
 
 class RejectCause(enum.StrEnum):

@@ -3,9 +3,10 @@
 A percentile is numpy's default (linear interpolation between order statistics) made safe
 for censored observations stored as +inf: one that lands on or interpolates towards +inf is
 +inf. A latency that never came counts as +inf when the server failed to answer (it is slower
-than any line), and is left out when the client cancelled first or a 4xx refused it
-(`censored_latency`). gates/stats.py computes percentiles over arrays with this definition;
-the load shapes, which may not import the gates, use `percentile` here directly.
+than any line; an `ok` stream that carried no content is such a failure), and is left out
+when the client cancelled first or a 4xx refused it (`censored_latency`). gates/stats.py
+computes percentiles over arrays with this definition; the load shapes, which may not
+import the gates, use `percentile` here directly.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import math
 from collections.abc import Iterable
 from typing import Protocol, SupportsFloat
 
-from contract.enums import FAILED_OUTCOMES
+from contract.enums import FAILED_OUTCOMES, answered_empty
 
 
 class SortedValues(Protocol):
@@ -47,13 +48,22 @@ def percentile(values: Iterable[float], q: float) -> float:
     return percentile_of_sorted(sorted(float(v) for v in values), q)
 
 
-def censored_latency(value: float | None, outcome: str, http_status: float | None) -> float | None:
+def censored_latency(
+    value: float | None,
+    outcome: str,
+    http_status: float | None,
+    chunks: float | None = None,
+    max_tokens: float | None = None,
+) -> float | None:
     """One request's latency as a percentile counts it: the measured `value`; +inf when the
-    server failed to answer (a failed ending, or any 5xx, a 503 refusal included: the server
-    could not serve it); None, left out, when the client cancelled first or a 4xx refused it.
-    A missing value may be None or NaN (a table's missing number)."""
+    server failed to answer (a failed ending, any 5xx, a 503 refusal included: the server
+    could not serve it, or an `ok` whose stream carried no content, `answered_empty`); None,
+    left out, when the client cancelled first or a 4xx refused it. A missing value may be
+    None or NaN (a table's missing number); without `chunks`, an `ok` is taken as served."""
     if value is not None and not math.isnan(value):
         return float(value)
     if outcome in FAILED_OUTCOMES or (http_status is not None and http_status >= 500):
+        return math.inf
+    if answered_empty(outcome, chunks, max_tokens):
         return math.inf
     return None

@@ -80,7 +80,8 @@ def curve(run: RunData) -> pd.DataFrame:
 def _ttft_as_gates_count(rows: pd.DataFrame) -> list[float]:
     """TTFTs as the ttft gate and the SLO knee count them: +inf for a request the server
     never answered, a client's cancel or a 4xx refusal left out (censored_latency)."""
-    counted = map(censored_latency, rows["ttft_s"], rows["outcome"], rows["http_status"])
+    columns = ("ttft_s", "outcome", "http_status", "chunks", "max_tokens")
+    counted = map(censored_latency, *(rows[c] for c in columns))
     return [value for value in counted if value is not None]
 
 

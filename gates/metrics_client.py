@@ -4,7 +4,9 @@ They need nothing from the server but its answers, so a server that exposes no t
 at all still gets a verdict from them. A request counts as *failed* when the server did not
 serve it and did not refuse it explicitly:
 
-- it ended in an error, a timeout, a disconnect or a protocol error;
+- it ended in an error, a timeout, a disconnect or a protocol error; an error includes a
+  stream that ended cleanly without content although it asked for output (the client's
+  `empty_stream`; a record that says `ok` with no content chunk counts the same);
 - it got a 5xx, except a 503 with Retry-After (load shed on purpose: the refusal gate judges
   those);
 - it got a 4xx other than 429: the server could not serve what the plan sends (a wrong model
@@ -24,8 +26,15 @@ import pandas as pd
 
 import contract
 from contract import Outcome
-from contract.enums import FAILED_OUTCOMES
-from gates.metrics_requests import REQUEST_FILTERS, _describe, _evidence, cut_short
+from contract.enums import FAILED_OUTCOMES, answered_empty
+from gates.metrics_requests import (
+    EMPTY,
+    REQUEST_FILTERS,
+    _describe,
+    _evidence,
+    answered_empty_rows,
+    cut_short,
+)
 from gates.registry import Cause, Observations, metric
 from gates.rundir import RunData
 from gates.terms import GateFilter
@@ -54,10 +63,17 @@ def _judged(run: RunData, flt: GateFilter) -> tuple[pd.DataFrame, list[str]] | s
     return kept, notes
 
 
-def request_failed(outcome: str, http_status: float | None, retry_after_s: float | None) -> bool:
+def request_failed(
+    outcome: str,
+    http_status: float | None,
+    retry_after_s: float | None,
+    chunks: float | None = None,
+    max_tokens: float | None = None,
+) -> bool:
     """One request's `failed`, for code that sees requests one at a time (the run's early
-    stop); `failed` below is the same rule over a table."""
-    if outcome in FAILED_OUTCOMES:
+    stop); `failed` below is the same rule over a table. Without `chunks`, an `ok` is taken
+    as served."""
+    if outcome in FAILED_OUTCOMES or answered_empty(outcome, chunks, max_tokens):
         return True
     if http_status is None or http_status != http_status:  # None or NaN: no status
         return False
@@ -71,7 +87,7 @@ def failed(rows: pd.DataFrame) -> pd.Series:
     shed = status.isin(contract.RETRY_STATUSES) & rows["retry_after_s"].notna()
     server_error = status.ge(500) & ~shed
     client_error = status.ge(400) & status.lt(500) & status.ne(429)
-    ended_badly = rows["outcome"].isin(FAILED_OUTCOMES)
+    ended_badly = rows["outcome"].isin(FAILED_OUTCOMES) | answered_empty_rows(rows)
     return (ended_badly | server_error | client_error).fillna(False).astype(bool)
 
 
@@ -82,7 +98,7 @@ def failure_label(rows: pd.DataFrame) -> pd.Series:
     if rows.empty:
         return pd.Series([], dtype=object)
     status = rows["http_status"].map(lambda s: "" if pd.isna(s) else f"HTTP {int(s)} ").astype(str)
-    code = rows["error_code"].fillna("").astype(str)
+    code = rows["error_code"].mask(answered_empty_rows(rows), EMPTY).fillna("").astype(str)
     message = rows["error_message"].fillna("").astype(str).str.slice(0, 80)
     return (
         status + rows["outcome"].astype(str) + " " + code.where(code.ne(""), message)

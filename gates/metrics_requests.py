@@ -2,8 +2,9 @@
 
 Latencies come from the raw per-request rows, never from Locust's rounded statistics. No
 request is dropped for going badly: one the server never answered (timeout, error,
-disconnect, 5xx) is a latency of +inf, and a cancellation whose release never came is a
-release latency of +inf; both count as breaches in any percentile that reaches them.
+disconnect, 5xx, a stream that ended without content) is a latency of +inf, and a
+cancellation whose release never came is a release latency of +inf; both count as breaches
+in any percentile that reaches them.
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ import numpy as np
 import pandas as pd
 
 import contract
-from contract import EventKind, Outcome
-from contract.enums import ANSWERED_OR_CANCELLED, DEATH_EVENTS, FAILED_OUTCOMES
+from contract import ClientCode, EventKind, FinishReason, Outcome
+from contract.enums import ANSWERED_OR_CANCELLED, DEATH_EVENTS, FAILED_OUTCOMES, NORMAL_FINISHES
 from gates.registry import Cause, Observations, metric
 from gates.rundir import RunData
 from gates.terms import GateFilter
@@ -33,6 +34,7 @@ from gates.windows import (
 )
 
 REQUEST_FILTERS = ("traffic_class", "priority", "tenant", "window")
+EMPTY = str(ClientCode.EMPTY_STREAM)  # the code of a record that says ok and carried nothing
 RELEASE_HISTOGRAM = "kvgate_release_latency_seconds_bucket"
 
 
@@ -55,15 +57,24 @@ def _evidence(rows: pd.DataFrame, value: pd.Series, time_column: str) -> pd.Data
     )
 
 
+def answered_empty_rows(rows: pd.DataFrame) -> pd.Series:
+    """contract.enums.answered_empty over a table: the `ok` records whose stream carried no
+    content although they asked for output, which every gate counts as unserved."""
+    return rows["outcome"].eq(Outcome.OK) & rows["chunks"].eq(0) & rows["max_tokens"].ne(0)
+
+
 def latencies(rows: pd.DataFrame, column: str) -> pd.Series:
     """Each request's latency in `column`, indexed as `rows`: the measured value, +inf for one
     the server failed to answer, NaN (not judged) for one the client cancelled first or that
     was refused with a 4xx. The latency metrics and `kvgate compare` judge by this."""
     measured = rows[column].notna()
-    # contract.quantiles.censored_latency, over a table: a failed ending or any 5xx (a 503
-    # refusal included: the server could not serve it) is a censored latency (+inf).
+    # contract.quantiles.censored_latency, over a table: a failed ending, any 5xx (a 503
+    # refusal included: the server could not serve it) or an `ok` stream that carried no
+    # content is a censored latency (+inf).
     server_failed = ~measured & (
-        rows["outcome"].isin(FAILED_OUTCOMES).to_numpy() | rows["http_status"].ge(500).to_numpy()
+        rows["outcome"].isin(FAILED_OUTCOMES).to_numpy()
+        | rows["http_status"].ge(500).to_numpy()
+        | answered_empty_rows(rows).to_numpy()
     )
     return rows[column].astype(float).mask(server_failed, np.inf)
 
@@ -82,10 +93,12 @@ def _latency(run: RunData, flt: GateFilter, column: str, what: str) -> Observati
     frame = _evidence(kept, value[judged], "t_send")
     censored = kept[column].isna().to_numpy()
     failed = kept[censored]
+    # a record that says ok names no code: name the ending it was
+    codes = failed["error_code"].mask(answered_empty_rows(failed), EMPTY).fillna("")
     frame.loc[censored, "detail"] = [
-        f"no {what}: {outcome} status={_int_text(status)} {code if isinstance(code, str) else ''}"
+        f"no {what}: {outcome} status={_int_text(status)} {code}".rstrip()
         for outcome, status, code in zip(
-            failed["outcome"], failed["http_status"], failed["error_code"], strict=True
+            failed["outcome"], failed["http_status"], codes, strict=True
         )
     ]
     notes = []
@@ -107,7 +120,8 @@ def _int_text(value: float) -> str:
     "ttft", filters=REQUEST_FILTERS, unit="s", kind="trend", timing=True, cause=Cause.PRIORITY_RULES
 )
 def ttft(run: RunData, flt: GateFilter, params: Mapping[str, Any]) -> Observations:
-    """Time to first content chunk (s); +inf for a request the server never answered."""
+    """Time to first content chunk (s); +inf for a request the server never answered, or
+    whose stream ended without content."""
     return _latency(run, flt, "ttft_s", "first token")
 
 
@@ -278,7 +292,8 @@ def cut_short(run: RunData, rows: pd.DataFrame) -> pd.Series:
     failed and that replica did die or freeze (an injected kill, pause, signal or command,
     an OOM, a crash) while they were in flight. A "replica failed" with no such fault behind
     it is a server that dropped the request, judged like any failure."""
-    stopped = rows["error_code"].eq("user_stopped") | broken_by_network(run, rows, DEATH_SLACK_S)
+    stopped = rows["error_code"].eq(ClientCode.USER_STOPPED)
+    stopped |= broken_by_network(run, rows, DEATH_SLACK_S)
     failed = rows["error_code"].eq("replica_failed")
     if not failed.any():
         return stopped
@@ -320,7 +335,16 @@ def _abandoned(events: pd.DataFrame, rows: pd.DataFrame, t_end: np.ndarray) -> n
     cause=Cause.RELEASE_DEFECT,
 )
 def preempted_completion(run: RunData, flt: GateFilter, params: Mapping[str, Any]) -> Observations:
-    """1 per preempted request that still finished ok, else 0 (client cancels excluded)."""
+    """1 per preempted request that ran again after its last preemption and then finished
+    normally, else 0 (client cancels and requests cut short excluded).
+
+    Ran again: a `resumed` event (or `admitted`, on a replica a gateway retried it on) after
+    its last `preempted` one. Finished normally: its record ends `ok` with content and a
+    finish_reason of `stop` or `length` (not vLLM's `abort`, not none), and, unless the
+    model stopped on its own (`stop`), with every completion token it asked for (where both
+    counts are known). A server that gives preempted work up may still close its stream
+    cleanly: an `ok` alone does not show that the request was resumed and completed.
+    """
     events = select(run.server_events, run, flt, "t", class_column=None)
     if isinstance(events, str):
         return Observations.none(events)
@@ -330,8 +354,8 @@ def preempted_completion(run: RunData, flt: GateFilter, params: Mapping[str, Any
     rows = run.requests[isin(run.requests["request_id"], preempted)]
     rows = rows[rows["cancel_at"].isna()]
     # A request whose replica was killed under it, or that was still running when the load
-    # stopped, never had its chance to finish: that is gate 8's business (or the run's end),
-    # not evidence of starvation after preemption.
+    # stopped, never had its chance to finish: that is the failover gate's business (or the
+    # run's end), not evidence of starvation after preemption.
     cut = cut_short(run, rows)
     rows = rows[~cut]
     if rows.empty:
@@ -339,9 +363,9 @@ def preempted_completion(run: RunData, flt: GateFilter, params: Mapping[str, Any
             "the preempted requests have no client record (or the client cancelled them, "
             "their replica was killed, or the run ended under them)"
         )
-    completed = rows["outcome"].eq(Outcome.OK).astype(float)
-    frame = _evidence(rows, completed, "t_send")
-    frame["detail"] = frame["detail"] + " ended " + rows["outcome"].astype(str).to_numpy()
+    why = _not_completed(run.server_events, rows)
+    frame = _evidence(rows, why.eq("").astype(float), "t_send")
+    frame["detail"] = frame["detail"] + " " + why.where(why.ne(""), "completed").to_numpy()
     notes = []
     if cut.any():
         notes.append(
@@ -351,7 +375,41 @@ def preempted_completion(run: RunData, flt: GateFilter, params: Mapping[str, Any
     unknown = len(preempted) - int(isin(run.requests["request_id"], preempted).sum())
     if unknown > 0:
         notes.append(f"{unknown} preempted request ids have no client record")
+    failing = why[why.ne("")].str.replace(r" after \d+ of \d+ tokens", " short", regex=True)
+    if not failing.empty:
+        counts = ", ".join(f"{n} {k}" for k, n in failing.value_counts().items())
+        notes.append(f"not completed: {counts}")
     return Observations(frame=frame, n_samples=len(rows), notes=notes)
+
+
+# The events that say where a request stands between its admission and its end: running
+# (admitted, resumed) or put back to wait (preempted).
+RUN_STATE_EVENTS = (EventKind.ADMITTED, EventKind.RESUMED, EventKind.PREEMPTED)
+
+
+def _not_completed(events: pd.DataFrame, rows: pd.DataFrame) -> pd.Series:
+    """Per preempted request: why it did not complete, the first reason that holds ("" when
+    it completed)."""
+    moves = events[events["event"].isin(RUN_STATE_EVENTS)]
+    moves = moves[isin(moves["request_id"], rows["request_id"].unique())]
+    last = moves.sort_values(["t", "seq"], kind="stable").groupby("request_id")["event"].last()
+    ran_again = rows["request_id"].map(last.ne(EventKind.PREEMPTED)).fillna(False).astype(bool)
+    finish = rows["finish_reason"]
+    finished = "finished " + finish.fillna("without a finish_reason").astype(str)
+    tokens, asked = rows["completion_tokens"], rows["max_tokens"]
+    short = tokens.lt(asked) & finish.ne(FinishReason.STOP)
+    counts = " after " + tokens.map("{:.0f}".format) + " of " + asked.map("{:.0f}".format)
+    reasons = [
+        (rows["outcome"].ne(Outcome.OK), "ended " + rows["outcome"].astype(str)),
+        (answered_empty_rows(rows), "ended ok without content"),
+        (~ran_again, "never resumed after its last preemption"),
+        (~finish.isin(NORMAL_FINISHES), finished),
+        (short, finished + counts + " tokens"),
+    ]
+    why = pd.Series("", index=rows.index, dtype=object)
+    for hit, reason in reversed(reasons):  # the first reason that holds is the one named
+        why = why.mask(hit, reason)
+    return why
 
 
 @metric(
@@ -410,7 +468,8 @@ def explicit_refusal(run: RunData, flt: GateFilter, params: Mapping[str, Any]) -
     """Of requests the server did not serve: 1 when refused with 429/503 and Retry-After.
 
     Counted: every request that did not end ok and was not cancelled by its client —
-    rejections, errors (a 500 is not a refusal), timeouts, disconnects, protocol errors.
+    rejections, errors (a 500 is not a refusal, nor is a stream without content), timeouts,
+    disconnects, protocol errors.
     Left out: 4xx other than 429 (the request itself was wrong: too long, a priority its key
     does not allow), which are the client's to fix, not the server's way of shedding load;
     and requests cut short by a replica's death or the end of the load (`cut_short`).
@@ -421,7 +480,8 @@ def explicit_refusal(run: RunData, flt: GateFilter, params: Mapping[str, Any]) -
     status = rows["http_status"]
     client_fault = status.ge(400) & status.lt(500) & status.ne(429)
     cut = cut_short(run, rows)
-    unserved = rows[~rows["outcome"].isin(ANSWERED_OR_CANCELLED) & ~client_fault & ~cut]
+    not_served = ~rows["outcome"].isin(ANSWERED_OR_CANCELLED) | answered_empty_rows(rows)
+    unserved = rows[not_served & ~client_fault & ~cut]
     if unserved.empty:
         return Observations.none(
             f"no {_describe(flt)} request was refused or failed; no pressure to judge"

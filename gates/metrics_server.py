@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 from scipy.stats import beta
 
-from contract import EventKind, servers
+from contract import EventKind, Outcome, servers
 from contract.enums import LIFECYCLE_EVENTS
 from gates import stats
 from gates.metrics_requests import DEATH_SLACK_S
@@ -415,7 +415,8 @@ def batch_peak_trough(run: RunData, flt: GateFilter, params: Mapping[str, Any]) 
     interval of the peak's share); a peak whose counts cannot tell either way, or that was
     offered no batch work at all, is unsure. A trough starves when batch requests were
     waiting in it for `starve_after_s` or more — sent, neither admitted nor ended before —
-    and it admitted none. An empty queue is no starvation.
+    and it admitted none. An empty queue is no starvation, and a refused request waits no
+    more (`_stopped_waiting`): refusals at a peak leave an idle trough idle.
 
     Batch requests sent in the first `settle_s` of a phase count in neither share: the change
     of phase takes a few scheduler steps (trough-only work ends and frees its room before the
@@ -470,7 +471,7 @@ def batch_peak_trough(run: RunData, flt: GateFilter, params: Mapping[str, Any]) 
             rows.append((ratio, float(span["t0"]), None, detail))
         elif verdict == "unsure":
             unsure.append(detail + ": too few requests to tell at 95%")
-    t_end = (batch["t_send"] + batch["e2e_s"]).fillna(run.t_end).to_numpy(dtype=float)
+    t_end = _stopped_waiting(batch, events, run.t_end)
     t_admitted = batch_events["t"]
     for span in troughs:
         t0, t1 = float(span["t0"]), float(span["t1"])
@@ -488,6 +489,20 @@ def batch_peak_trough(run: RunData, flt: GateFilter, params: Mapping[str, Any]) 
             rows.append((1.0, t0, None, detail))
     frame = _rows(*zip(*rows, strict=True)) if rows else _rows([], [], [], [])
     return Observations(frame=frame, n_samples=len(peaks) + len(troughs), unsure=unsure)
+
+
+def _stopped_waiting(batch: pd.DataFrame, events: pd.DataFrame, t_end: float) -> np.ndarray:
+    """When each request stopped waiting at the latest: its client's ending (send plus
+    end-to-end). A refused request whose record has no ending stopped at its refusal: the
+    server's last `rejected` event for it, else its send (a refusal is an answer, and
+    nothing of it waits afterwards, retried or not). Any other request without an ending
+    may still have been waiting when the run ended."""
+    answered = batch["t_send"] + batch["e2e_s"]
+    rejected = events[events["event"].eq(EventKind.REJECTED)].groupby("request_id")["t"].max()
+    refused_at = batch["request_id"].map(rejected).fillna(batch["t_send"])
+    refused = batch["outcome"].eq(Outcome.REJECTED)
+    ended: np.ndarray = answered.fillna(refused_at.where(refused)).fillna(t_end).to_numpy(float)
+    return ended
 
 
 def _peak_reading(admitted: int, sent: int, trough_share: float, limit: float) -> tuple[str, float]:

@@ -67,7 +67,13 @@ class RecordSink:
         self.outcomes[outcome] += 1
         if outcome != Outcome.CANCELLED and row.get("probe") is None:
             self.judged += 1
-            self.failed += request_failed(outcome, row.get("http_status"), row.get("retry_after_s"))
+            self.failed += request_failed(
+                outcome,
+                row.get("http_status"),
+                row.get("retry_after_s"),
+                row.get("chunks"),
+                row.get("max_tokens"),
+            )
         self.by_worker[str(row.get("worker"))] += 1
         self.by_class[str(row.get("traffic_class"))] += 1
         now = time.monotonic()

@@ -237,7 +237,9 @@ def _requests(rng: np.random.Generator, n: int, line: Timeline, flavour: Flavour
             "error_message": None,
             "retry_after_s": np.where(rejected, 1.0, np.nan),
             "cancel_at": np.where(cancelled, t_send + rng.uniform(0.2, 2.0, n), np.nan),
-            "finish_reason": pd.Series("length", index=range(n)).where(done),
+            "finish_reason": pd.Series(np.where(completion < max_tokens, "stop", "length")).where(
+                done
+            ),
         }
     )
 
@@ -346,7 +348,10 @@ def _events(
     preempted = admitted[pre].assign(
         event=EventKind.PREEMPTED, t=t_admit[pre] + 0.5, reason="pressure"
     )
-    parts = [admitted, released, preempted]
+    # what was preempted and still answered was resumed first
+    back = pre & held["outcome"].eq(Outcome.OK).to_numpy()
+    resumed = admitted[back].assign(event=EventKind.RESUMED, t=t_admit[back] + 0.6)
+    parts = [admitted, released, preempted, resumed]
     if flavour == "oom":
         parts.append(_oom_rows(line.fault_t - 5.0))
     events = pd.concat(parts, ignore_index=True).sort_values("t", kind="stable", ignore_index=True)

@@ -14,7 +14,15 @@ import pytest
 import yaml
 
 import contract
-from contract import EventKind, Outcome, Priority, RejectCause, RejectCode, ServerEvent
+from contract import (
+    EventKind,
+    FinishReason,
+    Outcome,
+    Priority,
+    RejectCause,
+    RejectCode,
+    ServerEvent,
+)
 from contract.enums import ANSWERED_OR_CANCELLED, BROKEN_OUTCOMES, FAILED_OUTCOMES
 from gates.spec import BUILTIN_GATES
 from gates.terms import Threshold
@@ -130,6 +138,17 @@ def test_outcome_groupings() -> None:
     assert {o for o in Outcome if o.unserved} == FAILED_OUTCOMES | {Outcome.REJECTED}
     assert [o for o in Outcome if o.failed] == [o for o in Outcome if o in FAILED_OUTCOMES]
     assert not Outcome.REJECTED.failed and Outcome.ERROR.failed and not Outcome.ERROR.broken
+
+
+def test_an_ok_without_content_is_an_empty_answer_only_when_output_was_asked() -> None:
+    from contract.enums import answered_empty
+
+    assert answered_empty(Outcome.OK, 0, 64) and answered_empty("ok", 0, None)
+    assert not answered_empty("ok", 0, 0)  # asked for no output: nothing is its answer
+    assert not answered_empty("ok", 3, 64) and not answered_empty("error", 0, 64)
+    assert not answered_empty("ok", float("nan"), 64)  # chunks unknown: as recorded
+    assert FinishReason.STOP.normal and FinishReason.LENGTH.normal
+    assert not FinishReason.ABORT.normal
 
 
 def test_an_outcome_is_its_plain_name_on_every_path() -> None:

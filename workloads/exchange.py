@@ -15,7 +15,7 @@ from gevent import GreenletExit
 from gevent.hub import Waiter
 
 import contract
-from contract import Outcome
+from contract import ClientCode, Outcome
 from workloads.connection import Connection
 from workloads.request import StreamRequest, StreamResult
 from workloads.wire import (
@@ -78,6 +78,7 @@ class Exchange:
         self.reused = False
         self.last_t = 0.0
         self.read_at = 0.0  # when the last read returned
+        self.settling = False  # the stream has ended; its connection is being settled
 
     def run(self) -> None:
         timer = gevent.Timeout(max(min(self.deadline, self.cancel_t) - time.perf_counter(), 0.0))
@@ -86,11 +87,11 @@ class Exchange:
             self._exchange()
         except gevent.Timeout as fired:
             if fired is self.head_timer:
-                self._end(Outcome.TIMEOUT, "head_timeout", self._head_timeout_message())
+                self._end(Outcome.TIMEOUT, ClientCode.HEAD_TIMEOUT, self._head_timeout_message())
             elif fired is self.first_timer:
                 limit = self.request.first_token_timeout_s
                 message = f"no first token within {limit:g} s (first_token_timeout_s)"
-                self._end(Outcome.TIMEOUT, "first_token_timeout", message)
+                self._end(Outcome.TIMEOUT, ClientCode.FIRST_TOKEN_TIMEOUT, message)
             elif fired is timer:
                 self._on_timer()
             else:
@@ -98,14 +99,18 @@ class Exchange:
         except End as end:
             self._end(end.outcome, end.code, end.message)
         except ProtocolError as exc:
-            self._end(Outcome.PROTOCOL_ERROR, "protocol_error", str(exc))
+            self._end(Outcome.PROTOCOL_ERROR, ClientCode.PROTOCOL_ERROR, str(exc))
         except OSError as exc:
             if self.reused and self.result.bytes_received == 0:
                 self._close()
                 raise Stale from exc
-            self._end(Outcome.DISCONNECTED, "connection_lost", f"{type(exc).__name__}: {exc}")
+            self._end(
+                Outcome.DISCONNECTED, ClientCode.CONNECTION_LOST, f"{type(exc).__name__}: {exc}"
+            )
         except GreenletExit:
-            self._end(Outcome.CANCELLED, "user_stopped", "the load generator stopped this user")
+            self._end(
+                Outcome.CANCELLED, ClientCode.USER_STOPPED, "the load generator stopped this user"
+            )
             raise
         finally:
             timer.close()
@@ -138,7 +143,7 @@ class Exchange:
         except OSError as exc:
             raise End(
                 Outcome.ERROR,
-                "connect_failed",
+                ClientCode.CONNECT_FAILED,
                 f"cannot connect to {client.target.host}:{client.target.port}: {exc}",
             ) from exc
         self.conn.send(client.request_bytes(self.request))
@@ -152,7 +157,9 @@ class Exchange:
                     self._close()
                     raise Stale
                 raise End(
-                    Outcome.DISCONNECTED, "connection_closed", "closed before a response head"
+                    Outcome.DISCONNECTED,
+                    ClientCode.CONNECTION_CLOSED,
+                    "closed before a response head",
                 )
             buf += data
             end = buf.find(b"\r\n\r\n")
@@ -202,7 +209,9 @@ class Exchange:
                 if isinstance(decoder, LengthDecoder) and decoder.until_close:
                     return b"".join(parts)
                 raise End(
-                    Outcome.DISCONNECTED, "connection_closed", "closed mid-way through a body"
+                    Outcome.DISCONNECTED,
+                    ClientCode.CONNECTION_CLOSED,
+                    "closed mid-way through a body",
                 )
 
     def _read_stream(self, head: ResponseHead, events: EventStream, data: bytes, t: float) -> None:
@@ -254,7 +263,7 @@ class Exchange:
         if not data:
             if events.until_close:
                 self._ended_without_done()
-            raise End(Outcome.DISCONNECTED, "connection_closed", "closed mid-stream")
+            raise End(Outcome.DISCONNECTED, ClientCode.CONNECTION_CLOSED, "closed mid-stream")
         for event in events.feed(data):
             if self._on_event(event, t_arr):
                 return read_at
@@ -276,7 +285,7 @@ class Exchange:
         try:
             if "error" in chunk:
                 code, message = error_object_fields(chunk["error"])
-                raise End(Outcome.ERROR, code or "stream_error", message)
+                raise End(Outcome.ERROR, code or ClientCode.STREAM_ERROR, message)
             content = None
             choices = chunk.get("choices")
             for choice in choices or ():
@@ -331,15 +340,30 @@ class Exchange:
     # -- endings ------------------------------------------------------------------------
 
     def _on_done(self, head: ResponseHead, events: EventStream, t_arr: float) -> None:
-        self.result.outcome = Outcome.OK
-        self.result.e2e_s = t_arr - self.t0
+        result = self.result
+        result.outcome, result.error_code, result.error_message = self._answer()
+        result.e2e_s = t_arr - self.t0
+        self.settling = True
         conn, self.conn = self._connection, None
         self.client.settle(conn, events, head.keep_alive)
 
     def _ended_without_done(self) -> None:
         if self.result.finish_reason is not None:
-            raise End(Outcome.OK)
+            raise End(*self._answer())
         raise ProtocolError("the stream ended without `data: [DONE]` or a finish_reason")
+
+    def _answer(self) -> tuple[Outcome, str | None, str | None]:
+        """How a stream that ended cleanly ended: ok, unless not one content chunk came
+        although the request asked for output. The server then said it answered and
+        served nothing, whatever its finish_reason: a failure, with no first token."""
+        result = self.result
+        if result.chunks or not self.request.expects_content:
+            return Outcome.OK, None, None
+        message = (
+            "the stream ended cleanly without one content chunk "
+            f"(finish_reason {result.finish_reason}, completion_tokens {result.completion_tokens})"
+        )
+        return Outcome.ERROR, ClientCode.EMPTY_STREAM, message
 
     def _cancel(self) -> End:
         """Closes the connection on purpose: the server must see the client go away."""
@@ -348,16 +372,16 @@ class Exchange:
         return End(Outcome.CANCELLED)
 
     def _on_timer(self) -> None:
-        if (
-            self.result.outcome == Outcome.OK
-        ):  # fired while settling the connection: nothing to judge
+        if self.settling:  # fired while settling the connection: the ending is already judged
             self._close()
             return
         if self.cancel_t <= self.deadline:  # the timer was armed for the cancel, not a timeout
             self._end(self._cancel().outcome)
             return
         self._end(
-            Outcome.TIMEOUT, "client_timeout", f"no ending within {self.request.timeout_s:g} s"
+            Outcome.TIMEOUT,
+            ClientCode.CLIENT_TIMEOUT,
+            f"no ending within {self.request.timeout_s:g} s",
         )
 
     def _head_timeout_message(self) -> str:

@@ -25,6 +25,9 @@ class StreamRequest:
     # sends its response head at once and then queues the request (vLLM) meets this one.
     first_token_timeout_s: float | None = None
     cancel_after_chunks: int | None = None
+    # False when the body asks for no output (max_tokens 0): a stream without content is
+    # then its answer, not an empty stream.
+    expects_content: bool = True
     cancel_after_s: float | None = None
     keep_text: bool = False
 

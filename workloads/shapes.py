@@ -226,7 +226,13 @@ class StepRampShape(RecordingShape):
         if slo_classes is None or record.traffic_class in slo_classes:
             # As the gates count it: a request the server never answered is slower than any
             # line (+inf), not absent; a client's cancel or a 4xx refusal is left out.
-            ttft = censored_latency(record.ttft_s, record.outcome, record.http_status)
+            ttft = censored_latency(
+                record.ttft_s,
+                record.outcome,
+                record.http_status,
+                record.chunks,
+                record.max_tokens,
+            )
             if ttft is not None:
                 self._ttfts[position].append(ttft)
 

@@ -137,11 +137,22 @@ class RunBuilder:
         return path
 
 
+# A request that ran to its end: all 64 tokens it asked for, finish_reason `length`.
+FINISHED: dict[str, Any] = {
+    "chunks": 64,
+    "completion_tokens": 64,
+    "max_tokens": 64,
+    "finish_reason": "length",
+}
+
+
 def preempted(completed: int, lost: int = 0) -> RunBuilder:
-    """Preempted requests: `completed` that finished ok and `lost` that ended in an error."""
+    """Preempted requests: `completed` that were resumed and finished all they asked for,
+    and `lost` that ended in an error."""
     b = RunBuilder()
     for i in range(completed):
-        b.request(f"p{i}").event("preempted", 30, request_id=f"p{i}")
+        b.request(f"p{i}", **FINISHED).event("preempted", 30, request_id=f"p{i}")
+        b.event("resumed", 30.5, request_id=f"p{i}")
     for i in range(lost):
         b.request(f"lost{i}", outcome="error").event("preempted", 30, request_id=f"lost{i}")
     return b

@@ -86,16 +86,23 @@ def test_every_stage_counts_an_unanswered_request_as_the_ttft_gate_does(tmp_path
     from gates.terms import GateFilter
 
     b = RunBuilder()
-    cases = list(itertools.product(Outcome, (None, 200, 400, 429, 500, 503), (None, 0.25)))
-    for i, (outcome, status, first) in enumerate(cases):
-        b.request(f"q{i}", t=20, outcome=outcome.value, http_status=status, ttft_s=first)
+    statuses = (None, 200, 400, 429, 500, 503)
+    # chunks 0 with no first token: a stream that carried no content (+inf if it says ok)
+    cases = [
+        (outcome, status, first, 0 if first is None else 1)
+        for outcome, status, first in itertools.product(Outcome, statuses, (None, 0.25))
+    ]
+    for i, (outcome, status, first, chunks) in enumerate(cases):
+        b.request(
+            f"q{i}", t=20, outcome=outcome.value, http_status=status, ttft_s=first, chunks=chunks
+        )
     b.meta["capacity"] = {"steps": [{"index": 0, "users": 10, "t0": T0 + 10, "t1": T0 + 30}]}
     run = load_run(b.write(tmp_path / "run"))
     gate = ttft(run, GateFilter(), {}).frame.set_index("request_id")["value"].to_dict()
     knee = {
         f"q{i}": value
         for i, case in enumerate(cases)
-        if (value := censored_latency(case[2], case[0], case[1])) is not None
+        if (value := censored_latency(case[2], case[0], case[1], case[3])) is not None
     }
     assert gate == knee and float("inf") in knee.values() and len(knee) < len(cases)
     step = curve(run).iloc[0]

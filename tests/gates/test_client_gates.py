@@ -59,6 +59,21 @@ def test_wrong_model_400s_are_failures_but_429_and_shed_503_are_refusals(judge: 
     assert any("model_not_found" in n for n in result.notes)
 
 
+def test_a_stream_without_content_is_not_served(judge: Judge) -> None:
+    """A 200 that ends cleanly with no content chunk served nothing: a failure, recorded as
+    the client's `empty_stream` error or, by an older client, as `ok` with no chunk."""
+    b = served(400)
+    for i in range(5):
+        b.request(f"e{i}", outcome="error", error_code="empty_stream", chunks=0, max_tokens=64)
+        b.request(f"o{i}", chunks=0, max_tokens=64)
+    b.request("none", chunks=0, max_tokens=0)  # asked for no output: its answer is empty
+    result = gate(judge(b), "availability")
+    assert result.status == Status.FAIL and result.value == 401 / 411
+    [note] = [n for n in result.notes if "10 of 411 failed" in n]
+    assert "5 HTTP 200 error empty_stream" in note and "5 HTTP 200 ok empty_stream" in note
+    assert {e["request_id"][0] for e in result.evidence} == {"e", "o"}
+
+
 def test_client_cancels_probes_and_fault_cut_requests_are_left_out(judge: Judge) -> None:
     b = served(400).fault(30.0, target="r0")
     for i in range(30):
@@ -90,18 +105,22 @@ def test_timeouts_and_disconnects_have_their_own_rate(judge: Judge) -> None:
             st.sampled_from(contract.OUTCOMES),
             st.one_of(st.none(), st.sampled_from([200, 400, 401, 404, 413, 429, 500, 502, 503])),
             st.one_of(st.none(), st.floats(min_value=0, max_value=60)),
+            st.sampled_from([0, 1, 7]),
+            st.one_of(st.none(), st.sampled_from([0, 1, 64])),
         ),
         min_size=1,
         max_size=30,
     )
 )
 def test_the_early_stop_counts_failures_by_the_same_rule_as_the_gate(
-    rows: list[tuple[str, int | None, float | None]],
+    rows: list[tuple[str, int | None, float | None, int, int | None]],
 ) -> None:
     """The run's early stop sees requests one at a time (`request_failed`); the gate sees the
     table (`failed`). The two must agree on every request, or a run could stop for failures
     the gate does not count, or go on through failures it does."""
-    table = pd.DataFrame(rows, columns=["outcome", "http_status", "retry_after_s"])
-    table = table.astype({"http_status": float, "retry_after_s": float})  # as read from a run
-    one_by_one = [request_failed(o, s, r) for o, s, r in rows]
+    columns = ["outcome", "http_status", "retry_after_s", "chunks", "max_tokens"]
+    table = pd.DataFrame(rows, columns=columns)
+    # as read from a run: nullable numbers are floats
+    table = table.astype({"http_status": float, "retry_after_s": float, "max_tokens": float})
+    one_by_one = [request_failed(*row) for row in rows]
     assert failed(table).tolist() == one_by_one

@@ -63,6 +63,23 @@ def test_5xx_and_disconnects_count_but_client_cancels_and_429s_are_left_out(judg
     )
 
 
+def test_a_stream_that_never_carried_content_is_a_breach_not_a_refusal(judge: Judge) -> None:
+    """HTTP 200 and [DONE] with not one content chunk: the server served nothing, so there
+    is no first token and the request is a breach (+inf), never left out as a refusal is;
+    alike whether it is recorded `ok` (as a client before `empty_stream` wrote it) or as the
+    `empty_stream` error. Only a request that asked for no output may end empty."""
+    b = RunBuilder()
+    critical(b, 500, ttft=0.2, chunks=12, max_tokens=64)
+    critical(b, 20, start=500, ttft=None, chunks=0, max_tokens=64)
+    critical(b, 20, start=520, ttft=None, chunks=0, error_code="empty_stream", outcome="error")
+    critical(b, 4, start=540, ttft=None, chunks=0, max_tokens=0)
+    result = gate(judge(b), "ttft_critical_p95")
+    assert result.status == Status.FAIL and result.value == np.inf
+    assert result.censored == 40 and result.n_samples == 540
+    assert {e["detail"] for e in result.evidence} == {"no first token: ok status=200 empty_stream"}
+    assert any("left out" in n and "4 ok 200" in n for n in result.notes)
+
+
 def test_a_leak_one_second_before_the_end_fails(judge: Judge) -> None:
     """400 prompt releases, and one cancellation at t_end - 1 s whose release never comes."""
     b = RunBuilder()

@@ -13,7 +13,7 @@ from gates.evaluator import evaluate
 from gates.rundir import load_run
 from gates.spec import load_gate_file
 from gates.verdict import Status, Verdict
-from tests.gates.builder import T0, RunBuilder, gate_file, preempted
+from tests.gates.builder import FINISHED, T0, RunBuilder, gate_file, preempted
 from tests.gates.conftest import gate
 
 Judge = Callable[[RunBuilder], Verdict]
@@ -295,6 +295,43 @@ def test_preempted_requests_must_complete(judge: Judge) -> None:
     assert result.evidence[0]["request_id"] == "lost0"
 
 
+def test_a_preempted_request_that_ends_ok_without_running_to_its_end_did_not_complete(
+    judge: Judge,
+) -> None:
+    """An `ok` ending alone is no completion: a request given up after its preemption may
+    still close its stream cleanly. It completed when it ran again after its last
+    preemption and finished normally, with every token it asked for unless it stopped."""
+    b = preempted(400)
+    given_up = {
+        "abort": FINISHED | {"finish_reason": "abort"},  # vLLM gave it up
+        "short": FINISHED | {"completion_tokens": 3},  # `length` after 3 of 64 tokens
+        "silent": FINISHED | {"finish_reason": None},  # never said it finished
+    }
+    for rid, fields in given_up.items():
+        b.request(rid, **fields).event("preempted", 30, request_id=rid)
+        b.event("resumed", 31, request_id=rid)
+    b.request("never", **FINISHED).event("preempted", 30, request_id="never")
+    b.request("again", **FINISHED).event("preempted", 30, request_id="again")
+    b.event("resumed", 31, request_id="again").event("preempted", 32, request_id="again")
+    # complete: a natural stop short of max_tokens; a retry admitted on another replica
+    b.request("stopped", **FINISHED | {"completion_tokens": 20, "finish_reason": "stop"})
+    b.event("preempted", 30, request_id="stopped").event("resumed", 31, request_id="stopped")
+    b.request("moved", **FINISHED).event("preempted", 30, request_id="moved")
+    b.event("admitted", 31, replica="r1", request_id="moved")
+    result = gate(judge(b), "preempted_complete")
+    assert result.status == Status.FAIL and result.n_samples == 407
+    assert result.value == 402 / 407
+    why = {e["request_id"]: e["detail"].split(" ", 1)[1] for e in result.evidence}
+    assert why == {
+        "abort": "finished abort",
+        "short": "finished length after 3 of 64 tokens",
+        "silent": "finished without a finish_reason",
+        "never": "never resumed after its last preemption",
+        "again": "never resumed after its last preemption",
+    }
+    assert any("2 never resumed after its last preemption" in n for n in result.notes)
+
+
 def test_preempted_requests_cut_short_by_a_kill_are_not_starvation(judge: Judge) -> None:
     b = preempted(400).fault(31.0, target="r0")
     b.request("killed", t=25, outcome="error", error_code="replica_failed", replica="r0", e2e_s=6)
@@ -494,6 +531,37 @@ def test_batch_sent_while_a_phase_settles_counts_in_neither_share(judge: Judge) 
             late.request(rid, t=start + 1.1 + 0.04 * i, priority="batch", traffic_class="batch")
             late.event("admitted", start + 2.0, request_id=rid, priority="batch")
     assert gate(judge(late), "batch_stops_at_peak").status == Status.FAIL
+
+
+def test_requests_refused_at_a_peak_are_not_waiting_in_a_later_idle_trough(judge: Judge) -> None:
+    """Each peak refuses the 40 batch requests sent in it (503 with its `rejected` event, or
+    429); the first trough admits its own work and the second is offered none. A refusal
+    ended the request, whether or not its record says when: nothing waits in the idle
+    trough. One refused only after it had queued 10 s in that trough did wait there."""
+    b = RunBuilder()
+    t0 = b.meta["t_start"]
+    b.meta["phases"] = [
+        {"name": name, "t0": t0 + start, "t1": t0 + start + 20}
+        for name, start in (("peak", 10), ("trough", 30), ("peak", 50), ("trough", 70))
+    ]
+    batch = {"priority": "batch", "traffic_class": "batch"}
+    for start in (10, 50):
+        for i in range(40):
+            rid, t = f"p{start}-{i}", start + 2 + 0.1 * i
+            if i % 2:
+                b.request(rid, t=t, outcome="rejected", http_status=429, **batch)
+            else:
+                b.request(rid, t=t, outcome="rejected", http_status=503, retry_after_s=1, **batch)
+                b.event("rejected", t + 0.01, request_id=rid, priority="batch", reason="capacity")
+    for i in range(40):
+        b.request(f"t{i}", t=32 + 0.1 * i, e2e_s=1.0, **batch)
+        b.event("admitted", 32.05 + 0.1 * i, request_id=f"t{i}", priority="batch")
+    assert gate(judge(b), "batch_stops_at_peak").status == Status.PASS
+    b.request("late", t=71, outcome="rejected", http_status=503, retry_after_s=1, **batch)
+    b.event("queued", 71, request_id="late", priority="batch")
+    b.event("rejected", 81, request_id="late", priority="batch", reason="deadline_expired")
+    starved = gate(judge(b), "batch_stops_at_peak")
+    assert starved.status == Status.FAIL and "1 waited" in starved.evidence[0]["detail"]
 
 
 def test_a_peak_with_too_few_requests_to_tell_is_not_a_breach(judge: Judge) -> None:

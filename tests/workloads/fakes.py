@@ -121,6 +121,13 @@ class FakeServer:
         sock.sendall(b"0\r\n\r\n")
         return True
 
+    def empty(self, sock: GSocket) -> bool:
+        # A clean stream with nothing in it: the role chunk, a finish, usage and [DONE].
+        sock.sendall(STREAM_HEAD + chunk(sse(ROLE_CHUNK)))
+        sock.sendall(chunk(sse(content_chunk("", "stop")) + sse(usage_chunk(40, 0, 0))))
+        sock.sendall(chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
+        return True
+
     def ok_then_close(self, sock: GSocket) -> bool:
         self.ok(sock)
         return False  # as servers do when an idle keep-alive connection times out
@@ -241,6 +248,7 @@ SCRIPTS: dict[str, Callable[[FakeServer, GSocket], bool]] = {
     name: getattr(FakeServer, name)
     for name in (
         "ok",
+        "empty",
         "ok_then_close",
         "late_end",
         "keep_open",

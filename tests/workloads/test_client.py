@@ -144,6 +144,29 @@ def test_broken_endings_are_classified(
     assert result.e2e_s is not None
 
 
+def test_a_clean_stream_without_content_is_an_empty_stream_error(server: FakeServer) -> None:
+    """HTTP 200, a finish_reason and [DONE], but not one content chunk: the server said it
+    answered and served nothing. The stream ended cleanly, so its connection is kept."""
+    client = StreamClient(server.url)
+    result = run(client, "empty")
+    assert (result.outcome, result.error_code) == ("error", "empty_stream")
+    assert result.http_status == 200 and result.ttft_s is None and result.chunks == 0
+    assert result.error_message and "finish_reason stop" in result.error_message
+    assert result.e2e_s is not None
+    connections = server.connections
+    assert run(client, "ok").outcome == "ok" and server.connections == connections
+
+
+def test_a_stream_that_asked_for_no_output_may_be_empty(server: FakeServer) -> None:
+    request = StreamRequest(
+        "/v1/chat/completions", b"{}", {"X-Fake": "empty"}, timeout_s=DEADLINE_S,
+        expects_content=False,
+    )  # fmt: skip
+    result = StreamResult(request_id="none", t_send=0.0)
+    StreamClient(server.url).stream(request, result)
+    assert result.outcome == "ok" and result.error_code is None and result.chunks == 0
+
+
 def test_rejection_keeps_status_code_message_and_retry_after(server: FakeServer) -> None:
     client = StreamClient(server.url)
     result = run(client, "reject")

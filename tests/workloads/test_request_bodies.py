@@ -285,3 +285,16 @@ def test_min_tokens_follows_a_plan_that_changes_long_output_max_tokens() -> None
     capped = subclass("lo", long_output, {"max_tokens": 300})
     own = subclass("lo2", long_output, {"max_tokens": 300, "min_tokens": 100})
     assert capped.min_tokens == 300 and own.min_tokens == 100
+
+
+def test_a_request_expects_content_unless_it_asks_for_no_output() -> None:
+    """An empty stream is an error only for a request that asked for output: the client
+    learns which from the max_tokens its body carries."""
+    from workloads.users import USER_CLASSES
+
+    assert all(request.expects_content for request, _record in capture("reference").values())
+    cls = subclass("no_output", USER_CLASSES["batch"], {"max_tokens": 0})
+    user = cls(Environment(user_classes=[cls], host=URL))
+    who = user.caller()
+    assert not user.build_request([], "r0", who).expects_content
+    assert user.build_request([], "r1", who, max_tokens=4).expects_content

@@ -138,12 +138,12 @@ def test_without_continuous_usage_the_first_text_is_the_first_token() -> None:
 
 def test_the_final_usage_chunk_is_never_a_first_token() -> None:
     """A server that ignores continuous_usage_stats sends usage only at the end (no
-    choices): a stream without text has no first token, as before."""
+    choices): a stream without text has no first token, as before, and so served nothing."""
     events = [ROLE, delta("", 1.0, None, "stop"), {"choices": [], "usage": usage(2, cached=0)}]
     with serving(events) as url:
         result = run(url, continuous_usage=True)
-    assert result.outcome == "ok" and result.ttft_s is None and result.chunks == 0
-    assert result.completion_tokens == 2
+    assert (result.outcome, result.error_code) == ("error", "empty_stream")
+    assert result.ttft_s is None and result.chunks == 0 and result.completion_tokens == 2
 
 
 def test_the_role_chunk_at_zero_tokens_is_not_a_first_token() -> None:

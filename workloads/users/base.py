@@ -256,6 +256,7 @@ class KvgateUser(User):
             headers["X-Kvgate-Prefix-Public"] = "1"
         headers["X-Request-Id"] = request_id
         cancel_ms = self.cancel_after_ms
+        limit = self.max_tokens if max_tokens is None else max_tokens
         return StreamRequest(
             path=self.endpoint,
             body=self.body(
@@ -273,6 +274,7 @@ class KvgateUser(User):
             cancel_after_chunks=self.cancel_after_tokens,
             cancel_after_s=cancel_ms / 1000.0 if cancel_ms is not None else None,
             keep_text=keep_text,
+            expects_content=limit != 0,
         )
 
     def send(
