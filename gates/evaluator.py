@@ -183,20 +183,26 @@ def run_problems(meta: dict[str, Any]) -> list[str]:
 
 def judge(run: RunData, gate: GateSpec) -> GateResult:
     """The gate's result over `run`; a FAIL that blocks the release says why."""
-    result = _judged(run, gate)
+    return judge_observed(run, gate)[0]
+
+
+def judge_observed(run: RunData, gate: GateSpec) -> tuple[GateResult, Observations | None]:
+    """`judge`, with the observations it judged (None when the gate is N/A), for a reader
+    that judges them again another way (the running check's anytime-valid bounds)."""
+    result, obs = _judged(run, gate)
     if result.status == Status.FAIL and result.blocks_because:
         result.message += f"; blocks the release: {result.blocks_because}"
-    return result
+    return result, obs
 
 
-def _judged(run: RunData, gate: GateSpec) -> GateResult:
+def _judged(run: RunData, gate: GateSpec) -> tuple[GateResult, Observations | None]:
     definition = REGISTRY[gate.metric]
     why_not = f"left out by the gate file: {gate.skip}" if gate.skip else None
     why_not = why_not or not_applicable(run, gate.needs)
     if why_not is not None:
         result = _unjudged(gate, definition)
         result.status, result.message = Status.NA, f"N/A: {why_not}"
-        return result
+        return result, None
     try:
         obs = definition.compute(run, gate.filter, gate.params)
     except (KeyError, ValueError, TypeError) as exc:
@@ -217,7 +223,7 @@ def _judged(run: RunData, gate: GateSpec) -> GateResult:
         why = obs.missing or f"no observation to take {gate.pass_.label} of"
         result.status = MISSING_STATUS[gate.on_missing]
         result.message = f"no data: {why}"
-        return result
+        return result, obs
     if est.method != "exact":
         result.interval = [est.lo, est.hi]
     _attach_evidence(result, obs.frame, gate.pass_)
@@ -241,7 +247,7 @@ def _judged(run: RunData, gate: GateSpec) -> GateResult:
         result.message = f"{shown}: meets {gate.pass_.text} but not {gate.warn.text}"
     else:
         result.message = f"{shown}: meets {gate.pass_.text}"
-    return result
+    return result, obs
 
 
 def _unjudged(gate: GateSpec, definition: MetricDef) -> GateResult:

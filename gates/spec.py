@@ -91,9 +91,10 @@ class GateSpec(BaseModel):
     # Set by a gate file that extends the built-in gates and leaves this one out: why. The
     # gate is then N/A with that reason, so the report still shows it was not judged.
     skip: str | None = None
-    # k6's abortOnFail / delayAbortEval: while the run goes on, a FAIL of this gate (its point
-    # value over the line on the evidence so far) stops the load; not before abort_grace_s
-    # into the load. The run is then judged and reported as usual, and FAILs.
+    # k6's abortOnFail / delayAbortEval: while the run goes on, a FAIL of this gate (decided
+    # by its anytime-valid bound on the evidence so far, gates/sequential.py) stops the load;
+    # not before abort_grace_s into the load. The run is then judged and reported as usual,
+    # and FAILs.
     abort_on_fail: bool = False
     abort_grace_s: float = Field(default=0.0, ge=0)
 

@@ -3,22 +3,29 @@
 Both read the run directory as it grows (meta.json rewritten as "running" first; the table
 readers drop a torn last line), each in a child process (`python -m harness.live.watch
 check|report RUN_DIR`) so that loading a large run never stalls the load generator's event
-loop. A gate with `abort_on_fail` that has clearly failed on the evidence so far
-(`clearly_failed`), `abort_grace_s` or more into the load, stops the load; the run is then
-torn down, judged and reported as usual, and its verdict is FAIL with the reason
-(gates/evaluator.py reads meta.json's `aborted`).
+loop. Each check judges the gates twice: as the end of the run would (the fixed-n
+intervals, `status`), and by their anytime-valid bounds (gates/sequential.py, `decision`),
+which keep their error rate however often the check looks. A gate with `abort_on_fail` that
+has clearly failed (`clearly_failed`: decided FAIL by its anytime bound), `abort_grace_s` or
+more into the load, stops the load; the run is then torn down, judged and reported as usual,
+and its verdict is FAIL with the reason (gates/evaluator.py reads meta.json's `aborted`).
+The live page shows each gate's decision so far.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gates.spec import GateSpec, load_gate_file
+
+if TYPE_CHECKING:  # the load generator's process imports this module: keep it light
+    from gates.registry import Observations
 
 CHECK_EVERY_S = 10.0
 
@@ -114,34 +121,66 @@ class RunWatch:
 
 
 def clearly_failed(result: dict[str, Any], gate: GateSpec) -> bool:
-    """A FAIL that more evidence would not turn: the gate's whole interval is past its line
-    and it has its minimum samples. A slope over two windows, or a p99 of a handful, that
-    happens to sit past the line stops nothing; the end-of-run verdict still judges it."""
+    """A FAIL that more evidence would not turn, however often the check has looked: the
+    gate's anytime-valid bound is wholly past its line, and it has its minimum samples. A
+    fixed-n interval past the line is not enough: checked every 10 s, some check would put
+    one there by chance. The end-of-run verdict still judges everything."""
     return (
         result.get("status") == "FAIL"
-        and not result.get("straddles", True)
+        and result.get("decision") == "FAIL"
         and int(result.get("n_samples") or 0) >= gate.min_samples
     )
 
 
 def _check(run_dir: Path, gates_file: Path | None, every: bool) -> list[dict[str, Any]]:
-    from gates.evaluator import judge
+    from gates.evaluator import judge_observed
     from gates.rundir import load_run
 
     run = load_run(run_dir)
     gates = [g for g in load_gate_file(gates_file).gates if every or g.abort_on_fail]
-    return [
-        {
-            "id": r.id,
-            "status": str(r.status),
-            "straddles": r.straddles,
-            "n_samples": r.n_samples,
-            "message": r.message,
-            "value_text": r.value_text(),
-            "threshold": r.threshold,
-        }
-        for r in (judge(run, g) for g in gates)
-    ]
+    checked = []
+    for gate in gates:
+        r, obs = judge_observed(run, gate)
+        checked.append(
+            {
+                "id": r.id,
+                "status": str(r.status),
+                "straddles": r.straddles,
+                "n_samples": r.n_samples,
+                "message": r.message,
+                "value_text": r.value_text(),
+                "threshold": r.threshold,
+                **_anytime(gate, obs),
+            }
+        )
+    return checked
+
+
+def _anytime(gate: GateSpec, obs: Observations | None) -> dict[str, str]:
+    """The gate's decision by its anytime-valid bound on the evidence so far."""
+    from gates.sequential import decide
+
+    if obs is None:
+        return {"decision": "N/A", "bound_text": ""}
+    frame = obs.frame
+    times = frame["t"].to_numpy(dtype=float) if "t" in frame else None
+    decision = decide(
+        frame["value"].to_numpy(dtype=float),
+        gate.pass_,
+        1 - gate.confidence,
+        t=times,
+        examined=obs.n_samples,
+        min_samples=gate.min_samples,
+        unsure=len(obs.unsure),
+    )
+    if math.isnan(decision.lo):
+        return {"decision": str(decision.state), "bound_text": ""}
+    shown = f"[{_number(decision.lo)}, {_number(decision.hi)}]"
+    return {"decision": str(decision.state), "bound_text": f"{shown} ({decision.method})"}
+
+
+def _number(value: float) -> str:
+    return ("inf" if value > 0 else "-inf") if math.isinf(value) else f"{value:.4g}"
 
 
 def main(argv: Sequence[str]) -> int:

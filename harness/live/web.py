@@ -4,8 +4,11 @@ The run serves Locust's UI (its charts and tables, what load-testing users know)
 through its Flask app, a blueprint with
 - `/kvgate`: live charts of pool usage per replica against the watermarks, GPU memory, TTFT
   p95 by class against the 900 ms line, refusals by reason, faults as markers, and a table
-  of every gate's running value and status;
-- `/kvgate/state.json`: `{"elapsed_s", "gates": [{"id", "value", "status", ...}],
+  of every gate's running value and its decision so far (PASS, FAIL or UNDECIDED by its
+  anytime-valid bound, which a page refreshed every few seconds may look at as often as
+  it likes; gates/sequential.py);
+- `/kvgate/state.json`: `{"elapsed_s", "gates": [{"id", "value_text", "status",
+  "decision", "bound_text", ...}],
   "samples": {...}, "faults": [...], "fault_kinds": [...], "stopping"}`;
 - `POST /kvgate/stop`: a graceful stop; the run is still judged and reported;
 - `POST /kvgate/fault` (`{"kind": K}`): the plan's first fault of kind K, now, journaled.

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from gates.evaluator import evaluate_run
 from gates.spec import GateSpec
 from gates.verdict import Status
 from harness.live.watch import RunWatch, clearly_failed
+from harness.live.watch import main as watch_main
 from tests.gates.builder import RunBuilder
 from tests.waiting import wait_until
 
@@ -61,15 +66,54 @@ def test_without_abort_gates_or_interim_reports_nothing_runs(tmp_path: Path) -> 
 
 
 def test_only_a_clear_failure_aborts() -> None:
-    """A breach the interval straddles, or one on fewer samples than the gate's minimum, may
-    turn with more evidence: the soak goes on and the verdict judges it at the end."""
+    """Only a FAIL decided by the gate's anytime-valid bound, on at least its minimum samples,
+    stops the load. A breach that only today's fixed-n interval calls clear may turn with
+    more evidence (looked at every 10 s, such an interval crosses its line by chance): the
+    soak goes on and the verdict judges it at the end."""
     gate = GateSpec.model_validate(
         {"id": "floor", "title": "t", "metric": "memory_floor", "pass": "slope <= 0.02",
          "min_samples": 5, "abort_on_fail": True}
     )  # fmt: skip
-    clear = {"status": "FAIL", "straddles": False, "n_samples": 6}
+    clear = {"status": "FAIL", "decision": "FAIL", "n_samples": 6}
     assert clearly_failed(clear, gate)
-    assert not clearly_failed({**clear, "straddles": True}, gate)
+    assert not clearly_failed({**clear, "decision": "UNDECIDED"}, gate)
     assert not clearly_failed({**clear, "n_samples": 4}, gate)
     assert not clearly_failed({**clear, "status": "MARGINAL"}, gate)
-    assert not clearly_failed({"status": "FAIL"}, gate)  # an older check's output: not proof
+    # an older check's output, with no anytime decision: not proof
+    assert not clearly_failed({"status": "FAIL", "straddles": False, "n_samples": 6}, gate)
+
+
+def availability_run(tmp_path: Path, errors: int, n: int = 300) -> tuple[Path, Path]:
+    b = RunBuilder()
+    b.meta["status"] = "running"
+    for i in range(n):
+        failed = {"outcome": "error", "http_status": 500} if i < errors else {}
+        b.request(f"r{i}", t=20 + i * 0.1, ttft_s=0.1, **failed)
+    gates = tmp_path / "gates.yaml"
+    gates.write_text("extends: builtin\ngates:\n  - {id: availability, abort_on_fail: true}\n")
+    return b.write(tmp_path / f"run{errors}"), gates
+
+
+def checked(run: Path, gates: Path, capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
+    assert watch_main(["check", str(run), str(gates)]) == 0
+    results: list[dict[str, Any]] = json.loads(capsys.readouterr().out)
+    return next(r for r in results if r["id"] == "availability")
+
+
+def test_a_breach_clear_only_at_fixed_n_does_not_abort(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """291 of 300 served: Wilson's [0.944, 0.984] lies under `rate >= 0.99`, but the anytime
+    bound still reaches 0.99: a check every 10 s must not stop the load on it."""
+    run, gates = availability_run(tmp_path, errors=9)
+    gate = GateSpec.model_validate(
+        {"id": "availability", "title": "t", "metric": "availability", "pass": "rate >= 0.99",
+         "abort_on_fail": True}
+    )  # fmt: skip
+    result = checked(run, gates, capsys)
+    assert result["status"] == "FAIL" and not result["straddles"]  # today's rule would abort
+    assert result["decision"] == "UNDECIDED" and not clearly_failed(result, gate)
+    assert result["bound_text"].startswith("[0.93") and "mixture" in result["bound_text"]
+    run, gates = availability_run(tmp_path, errors=60)  # 80% served: decided
+    result = checked(run, gates, capsys)
+    assert result["decision"] == "FAIL" and clearly_failed(result, gate)
