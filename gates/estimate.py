@@ -141,5 +141,36 @@ def needs_n(
     return needed
 
 
+def healthy_needs_n(threshold: Threshold, min_samples: int, confidence: float) -> int | None:
+    """Samples a PASS needs when every observation is on the pass side of the line, as on a
+    healthy system: what a plan must deliver before its load starts (harness/sampleplan/).
+
+    The same searches as `needs_n`, at the best a sample can show: a rate of all successes
+    (`rate >= 0.99` at 95% needs 381), every observation inside a percentile's line (368 for
+    p(99), 72 for p(95)); an exact statistic (count, max, min, sum) needs `min_samples`.
+    None when no count can be named before the data: a mean's or a slope's interval depends
+    on the observations' spread, and a line no sample could prove is out of reach."""
+    statistic = threshold.statistic
+    if statistic in ("mean", "slope"):
+        return None
+    if statistic == "p":
+        assert threshold.quantile is not None
+        by_interval = stats.order_needs_n(
+            1.0, threshold.quantile, threshold.higher_is_worse, confidence
+        )
+    elif statistic == "rate":
+        above = threshold.op in (">", ">=")
+        by_interval = stats.wilson_needs_n(
+            1.0 if above else 0.0,
+            threshold.value,
+            above,
+            threshold.op in (">", "<"),
+            confidence,
+        )
+    else:
+        return min_samples
+    return None if by_interval is None else max(by_interval, min_samples)
+
+
 def _holds(threshold: Threshold, value: float) -> bool:
     return not math.isnan(value) and threshold.holds(value)

@@ -79,6 +79,17 @@ def percentile_needs_n(
     if len(data) == 0:
         return None
     share = float(np.mean(data <= limit)) if upper else float(np.mean(data >= limit))
+    return order_needs_n(share, q, upper, confidence, start=len(data))
+
+
+def order_needs_n(
+    share: float, q: float, upper: bool, confidence: float = CONFIDENCE, start: int = 1
+) -> int | None:
+    """Samples (at least `start`) needed for the q-th percentile's pass-side bound to meet
+    a limit when a `share` of the observations lies on the pass side of it (at or below
+    the limit when `upper`, at or above it otherwise); None when that share cannot (it must
+    exceed q%, or 1 - q% for a lower bound). At share 1, every observation passing, this is
+    the least n whose order-statistic bound exists at all: 368 for p(99), 72 for p(95)."""
     p = q / 100.0 if upper else 1.0 - q / 100.0
     if share <= p:
         return None
@@ -87,7 +98,7 @@ def percentile_needs_n(
         s = order_ranks(m, p * 100.0, confidence)[1]
         return s <= m and s <= math.floor(share * m + 1e-9)
 
-    return _smallest(enough, start=len(data))
+    return _smallest(enough, start=start)
 
 
 def median_difference(
