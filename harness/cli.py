@@ -16,6 +16,8 @@ USAGE = """usage: kvgate COMMAND [ARGS...]
 commands:
   serve                 start the reference deployment (gateway + replicas)
   run PLAN              run a load/chaos plan, then gate it and write the reports
+  plan check PLAN [--from RUN_DIR] [--json]
+                        samples each gate needs, and whether the plan's load gives them
   gate RUN_DIR          evaluate the release gates over a run directory
   report RUN_DIR        write report.html, summary.md and report.json for a run
   compare CAND BASE     rollback decision: candidate run against a baseline run
@@ -32,6 +34,7 @@ commands:
 # Subcommands that run in this process: "module:function", called with the remaining argv.
 IN_PROCESS = {
     "run": "harness.run_cmd:main",
+    "plan": "harness.plan_cmd:main",
     "gate": "gates.cli:main",
     "report": "reports.cli:main",
     "compare": "reports.compare_cmd:main",

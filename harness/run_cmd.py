@@ -50,6 +50,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--master", help="HOST:PORT of the master (with --worker)")
     p.add_argument("--no-gates", action="store_true", help="skip the gates and reports")
     p.add_argument(
+        "--strict",
+        action="store_true",
+        help="refuse (exit 2) a load too short to give every key gate the samples a PASS "
+        "needs (`kvgate plan check PLAN` shows them)",
+    )
+    p.add_argument(
         "--web",
         nargs="?",
         const="127.0.0.1:8089",
@@ -165,16 +171,23 @@ def _run(plan: Plan, args: argparse.Namespace) -> int:
     from harness.loadgen import Distribution
     from harness.orchestrator import Orchestrator
     from harness.preflight import PreflightError, check_external
+    from harness.sampleplan import announce
     from harness.traffic import TrafficError, build_shape, build_user_classes
 
     console = Console(stderr=True)
+
+    def say(text: str) -> None:
+        console.print(text, highlight=False, markup=False, soft_wrap=True)
+
     try:
         # the plan's files, traffic and gates must be sound before anything is started
         plan.check_files()
-        build_user_classes(plan, "http://127.0.0.1")
+        classes = build_user_classes(plan, "http://127.0.0.1")
         build_shape(plan)
         if not args.no_gates:
-            load_gate_file(plan.resolve(plan.gates))
+            gate_file = load_gate_file(plan.resolve(plan.gates))
+            # what each key gate needs, against what the load will give it
+            announce(plan, gate_file, classes, args.strict, say)
         # an external target answers and serves the model
         plan = check_external(plan, lambda text: console.print(text, highlight=False))
         web = parse_bind(args.web, os.environ.get("KVGATE_WEB_TOKEN")) if args.web else None

@@ -72,6 +72,40 @@ class Caller:
     priority: str
 
 
+@dataclass(frozen=True, slots=True)
+class RequestKind:
+    """Requests of one kind that one task of a class sends, as data: a plan's sample sizes
+    are worked out from it before any load (harness/sampleplan/). `count` go out per task,
+    `in_series` of them one after another (a task lasts that many of their latencies; the
+    others go at the same time); the rest is what their records carry, and what bounds how
+    long each one streams."""
+
+    count: int
+    in_series: int
+    traffic_class: str
+    priority: str
+    tenant: str
+    prompt_tokens: int
+    max_tokens: int | None
+    cancel_after_tokens: int | None = None
+    cancel_after_s: float | None = None
+    probe: str | None = None
+
+    @property
+    def cancelled(self) -> bool:
+        """Whether its client cancels it while it streams (a cancellation the gates count)."""
+        return self.cancel_after_tokens is not None or self.cancel_after_s is not None
+
+
+@dataclass(frozen=True, slots=True)
+class TaskOutline:
+    """What one task sends; with `align_s`, each task first waits for the next tick of that
+    period on the wall clock, so a user starts at most one task per tick."""
+
+    sends: tuple[RequestKind, ...]
+    align_s: float | None = None
+
+
 class KvgateUser(User):
     """Base traffic class: one streaming chat request per task, measured and recorded.
 
@@ -129,6 +163,27 @@ class KvgateUser(User):
         super().__init_subclass__(**kwargs)
         if "name" in vars(cls):
             registry.register(cls)
+
+    @classmethod
+    def outline(cls) -> TaskOutline:
+        """What one task sends: one request of the class's own. A class whose tasks send
+        more, or other requests, says so by overriding this."""
+        return TaskOutline((cls.request_kind(),))
+
+    @classmethod
+    def request_kind(cls, count: int = 1, in_series: int = 1, **fields: Any) -> RequestKind:
+        """`count` requests as this class sends them; `fields` replace what differs."""
+        cancel_ms = cls.cancel_after_ms
+        own: dict[str, Any] = {
+            "traffic_class": cls.traffic_class,
+            "priority": cls.priority,
+            "tenant": cls.tenant,
+            "prompt_tokens": cls.prompt_tokens,
+            "max_tokens": cls.max_tokens,
+            "cancel_after_tokens": cls.cancel_after_tokens,
+            "cancel_after_s": None if cancel_ms is None else cancel_ms / 1000.0,
+        }
+        return RequestKind(count, in_series, **(own | fields))
 
     def __init__(self, environment: Environment) -> None:
         super().__init__(environment)

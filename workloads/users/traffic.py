@@ -19,7 +19,7 @@ from locust import between, constant, task
 
 from contract import Outcome
 from workloads.client import StreamResult
-from workloads.users.base import Caller, KvgateUser
+from workloads.users.base import Caller, KvgateUser, TaskOutline
 
 HOLD_POLL_S = 0.01  # how often a probe looks whether the warm request has begun streaming
 
@@ -45,6 +45,10 @@ class ShortQACritical(KvgateUser):
     timeout_s = 30.0
     align_s: ClassVar[float | None] = None
     align_delay_s: ClassVar[float] = 0.0
+
+    @classmethod
+    def outline(cls) -> TaskOutline:
+        return TaskOutline((cls.request_kind(),), align_s=cls.align_s)
 
     @task
     def ask(self) -> None:
@@ -195,6 +199,10 @@ class CancelStorm(KvgateUser):
     cancel_after_ms = None
     wait_time = between(2.0, 5.0)
 
+    @classmethod
+    def outline(cls) -> TaskOutline:
+        return TaskOutline((cls.request_kind(count=cls.burst_size),))
+
     @task
     def storm(self) -> None:
         self.burst(self.burst_size, self.send_prompt)
@@ -215,6 +223,10 @@ class TenantBurst(KvgateUser):
     prompt_tokens, max_tokens = 1024, 256
     align_s: ClassVar[float | None] = None
     wait_time = between(5.0, 10.0)
+
+    @classmethod
+    def outline(cls) -> TaskOutline:
+        return TaskOutline((cls.request_kind(count=cls.burst_size),), align_s=cls.align_s)
 
     @task
     def flood(self) -> None:
@@ -238,6 +250,10 @@ class Batch(KvgateUser):
     honour_retry_after = True
     wait_time = constant(0.05)
     chunk_size: ClassVar[int] = 1
+
+    @classmethod
+    def outline(cls) -> TaskOutline:
+        return TaskOutline((cls.request_kind(count=cls.chunk_size),))
 
     @task
     def process_item(self) -> None:
@@ -288,6 +304,32 @@ class SecurityProbe(KvgateUser):
     # server's LRU may free the blocks the moment the warm request ends). None: the warm
     # request finishes first.
     hold_warm_tokens: ClassVar[int | None] = None
+
+    @classmethod
+    def outline(cls) -> TaskOutline:
+        """The escalations one after another, then `groups_at_once` prefix groups at once:
+        each the owner's warm request, then the probe and its control (one after the other,
+        or both while a held warm request streams)."""
+        escalations = tuple(
+            cls.request_kind(tenant=tenant, priority=asked, probe="escalation")
+            for _key, _name, tenant, asked in cls.escalations
+        )
+        held = cls.hold_warm_tokens is not None
+        groups, prompt = cls.groups_at_once, cls.prefix_tokens + cls.prompt_tokens
+        warm = cls.request_kind(
+            groups,
+            tenant=cls.owner[2],
+            prompt_tokens=prompt,
+            max_tokens=cls.hold_warm_tokens if held else cls.max_tokens,
+            probe="prefix_warm",
+        )
+        pair = tuple(
+            cls.request_kind(
+                groups, in_series, tenant=cls.prober[2], prompt_tokens=prompt, probe=role
+            )
+            for role, in_series in (("prefix_probe", 0 if held else 1), ("prefix_control", 1))
+        )
+        return TaskOutline((*escalations, warm, *pair))
 
     @task
     def probe(self) -> None:
