@@ -13,14 +13,22 @@ from __future__ import annotations
 
 import inspect
 import math
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from locust import User
 
-# Locust's own order of dispatch, so the counts are those its runner starts.
-from locust.dispatch import _kl_generator
+try:
+    # Locust's own order of dispatch, so the counts are those its runner starts. It is not
+    # Locust's public API: tests/harness/test_sampleplan.py pins that it still matches the
+    # users a plan gets, and without it the split is proportional (`_proportional`).
+    from locust.dispatch import _kl_generator as _locust_order
+
+    DispatchOrder = Callable[[list[tuple[str, float]]], Iterator[str | None]]
+    _dispatch_order: DispatchOrder | None = _locust_order
+except ImportError:  # pragma: no cover - a Locust that renamed it
+    _dispatch_order = None
 
 from contract import FaultEffect
 from harness.plan import ExternalTarget, Plan, ReferenceTarget, VllmTarget
@@ -244,19 +252,37 @@ def distribute(classes: Iterable[type[User]], total: int) -> dict[str, int]:
     then the rest by weight, each in the dispatcher's own order."""
     classes = list(classes)
     counts = dict.fromkeys((c.__name__ for c in classes), 0)
-    fixed = [(c.__name__, c.fixed_count) for c in classes if c.fixed_count]
-    placed = min(total, sum(n for _, n in fixed))
+    fixed: list[tuple[str, float]] = [(c.__name__, c.fixed_count) for c in classes if c.fixed_count]
+    placed = min(total, int(sum(n for _, n in fixed)))
     for order, pairs in (
         (placed, fixed),
         (total - placed, [(c.__name__, c.weight) for c in classes if not c.fixed_count]),
     ):
-        chosen = _kl_generator(pairs)
+        chosen = (
+            _dispatch_order(pairs) if _dispatch_order is not None else _proportional(pairs, order)
+        )
         for _ in range(order):
             name = next(chosen)
             if name is None:
                 break
             counts[name] += 1
     return counts
+
+
+def _proportional(pairs: list[tuple[str, float]], total: int) -> Iterator[str | None]:
+    """`total` names in proportion to their weights (largest remainders first), then None."""
+    weight = sum(w for _, w in pairs)
+    if weight <= 0:
+        yield None
+        return
+    shares = [(name, total * w / weight) for name, w in pairs]
+    counts = {name: int(share) for name, share in shares}
+    rest = sorted(shares, key=lambda p: p[1] - int(p[1]), reverse=True)
+    for name, _share in rest[: total - sum(counts.values())]:
+        counts[name] += 1
+    for name, n in counts.items():
+        yield from [name] * n
+    yield None
 
 
 def _spans(plan: Plan, classes: list[type[User]]) -> tuple[list[Span], list[str]]:

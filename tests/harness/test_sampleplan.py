@@ -257,3 +257,10 @@ def test_a_vllm_kvgate_starts_gives_the_recorders_events() -> None:
     assert needs["tenant_share_cap"][1] is Reach.NA
     off = load_plan(ROOT / "harness/plans/vllm.yaml", ["target.record_events=false"])
     assert _needs(off)["cancel_release_p99"][1] is Reach.NA
+
+
+def test_without_locusts_dispatch_order_the_split_is_proportional() -> None:
+    from harness.sampleplan import traffic
+
+    names = list(traffic._proportional([("a", 3), ("b", 1)], 6))
+    assert names[-1] is None and sorted(n for n in names if n) == ["a"] * 5 + ["b"]
