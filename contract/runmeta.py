@@ -125,6 +125,36 @@ class Aborted(_Record):
     message: Text
 
 
+class UntilGate(_Record):
+    """A key gate as the last look of a `load.until: decided` load saw it (gates/standing.py)."""
+
+    id: Text
+    decision: Literal["PASS", "FAIL", "UNDECIDED", "N/A"]
+    settled: Flag  # by its anytime bound, by observation (a count, a max), or N/A
+    settled_by: Text | None = None
+    n: Count  # records examined
+    needs_n: Count | None = None  # about how many a decision needs; None: out of reach
+    bound: Text | None = None  # the anytime-valid bound, "[lo, hi] (method)"
+
+
+class Until(_Record):
+    """How a load that runs until its key gates are decided ended (harness/live/until.py):
+    the rule and its limits, whether every key gate was decided at one look, when, and why
+    the load stopped; the key gates as that look, or the last one, saw them."""
+
+    rule: Literal["decided"] = "decided"
+    min_duration_s: Number
+    max_duration_s: Number
+    decided: Flag  # every key gate settled at one look (or one decided FAIL)
+    decided_at_s: Number | None = None  # seconds into the load of the look that decided
+    looked_at_s: Number | None = None  # seconds into the load of the last look
+    looks: Count = 0
+    resumed: Count = 0  # boundaries at which a key gate was still undecided: the shape went on
+    stopped_at_s: Number | None = None  # seconds into the load; None while it runs
+    stopped_because: Text | None = None
+    gates: list[UntilGate] | None = None
+
+
 class LoadGeneratorMeta(_Record):
     mode: Literal["local", "distributed"] | None = None
     processes: Count | None = None  # local worker processes
@@ -170,6 +200,7 @@ class RunMeta(_Record):
     phases: list[Phase] | None = None
     capacity: Capacity | None = None
     aborted: Aborted | None = None
+    until: Until | None = None  # load.until: decided only
     load_generator: LoadGeneratorMeta | None = None
     records: Records | None = None
     tables: dict[str, Count] | None = None  # rows per table after compaction

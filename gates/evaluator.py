@@ -44,6 +44,7 @@ from gates.junit import write_junit
 from gates.metrics import REGISTRY, MetricDef, Observations
 from gates.rundir import RunData, load_run
 from gates.spec import GateFile, GateSpec, load_gate_file
+from gates.standing import until_notes
 from gates.terms import OPERATORS, Threshold
 from gates.verdict import SCORE, GateResult, Status, Verdict
 
@@ -93,6 +94,7 @@ def evaluate(run: RunData, gate_file: GateFile, gates_path: str = "builtin") -> 
     notes.extend(evidence.notes)
     if run.profile_note:
         notes.append(run.profile_note)
+    notes.extend(until_notes(run.meta, results))  # load.until: decided: how the load ended
     aborted = run.meta.get("aborted")
     if isinstance(aborted, dict) and aborted.get("gate"):
         # a gate with abort_on_fail stopped the load: whatever the rest says, the run FAILs

@@ -22,6 +22,9 @@ so Ville's inequality, P(sup_n M_n >= 1/alpha) <= alpha, gives the guarantee:
   records arrive, so what was observed bounds what the end of the run can show: a count of
   one violation against `count == 0` is decided; no count of zero is, before the end.
 
+`needs_n` says about how many observations a bound needs before it decides, if the ones to come
+look like those so far: what a load that runs until its gates are decided is waiting for.
+
 gates/README.md ("Judging while the load runs") gives the rules; gates/sequential_coverage.py
 checks the guarantee by simulation.
 """
@@ -36,6 +39,7 @@ from enum import StrEnum
 import numpy as np
 from scipy.special import betaln, xlogy
 
+from gates import stats
 from gates.terms import Threshold
 
 # The mixtures are tuned (their prior's spread chosen) to be tightest near these sample
@@ -321,3 +325,109 @@ def _nowhere(threshold: Threshold, lo: float, hi: float) -> bool:
     if threshold.op == "!=":
         return lo == hi == threshold.value
     return not threshold.holds(lo) and not threshold.holds(hi)
+
+
+# The statistics whose bound is what was observed so far: only the end of the run can pass them.
+ONE_WAY = ("count", "sum", "max", "min")
+
+
+def needs_n(
+    values: np.ndarray,
+    threshold: Threshold,
+    alpha: float,
+    *,
+    t: np.ndarray | None = None,
+    min_samples: int = 1,
+    unsure: int = 0,
+) -> int | None:
+    """About how many observations the bound needs to decide the gate, PASS or FAIL, if the
+    ones to come look like those so far: the same share (rate), the same distribution (p(q):
+    order statistic k of m read as the observed quantile k/m), the same mean and spread, the
+    same slope and noise at the same spacing. The current n when it is decided already.
+    None where no number of observations decides it: a value on the line, a statistic only
+    the end of the run can pass (count, sum, max, min: ONE_WAY), beyond stats.MAX_NEEDED."""
+    data = np.asarray(values, dtype=float)
+    now = decide(data, threshold, alpha, t=t, min_samples=min_samples, unsure=unsure)
+    if now.state != Decided.UNDECIDED:
+        return len(data)
+    at = _bound_at(data, threshold, alpha, t)
+    if at is None:
+        return None
+
+    def decided(m: int) -> bool:
+        lo, hi = at(m)
+        if _nowhere(threshold, lo, hi):
+            return True
+        return _everywhere(threshold, lo, hi) and m >= min_samples and not unsure
+
+    return stats.smallest(decided, start=len(data) + 1)
+
+
+def _bound_at(
+    data: np.ndarray, threshold: Threshold, alpha: float, t: np.ndarray | None
+) -> Callable[[int], tuple[float, float]] | None:
+    """The bound [lo, hi] after m observations like `data`, for `needs_n`; None where more of
+    the same would decide nothing (see needs_n)."""
+    stat, n = threshold.statistic, len(data)
+    if n == 0 or stat in ONE_WAY:
+        return None
+    if stat == "rate":
+        share, centre = float(np.clip(data, 0.0, 1.0).mean()), _centre(threshold)
+
+        def rate_at(m: int) -> tuple[float, float]:
+            lo, hi = rate_bounds(share * m, m, alpha, centre=centre)
+            return float(lo), float(hi)
+
+        return rate_at
+    if stat == "p":
+        assert threshold.quantile is not None
+        ordered, q = np.sort(data), threshold.quantile
+
+        def observed(rank: int, m: int) -> float:
+            return float(ordered[min(n, max(1, math.ceil(rank * n / m))) - 1])
+
+        def quantile_at(m: int) -> tuple[float, float]:
+            r, s = (int(x) for x in quantile_ranks(m, q, alpha))
+            lo = observed(r, m) if r >= 1 else -math.inf
+            return lo, (observed(s, m) if s <= m else math.inf)
+
+        return quantile_at
+    if not np.isfinite(data).all():
+        return None
+    if stat == "mean" and n >= 2:
+        return _spread_at(float(data.mean()), float(data.std(ddof=1)), alpha)
+    if stat == "slope" and t is not None and n >= 3:
+        return _slope_at(data, np.asarray(t, dtype=float), alpha)
+    return None
+
+
+def _spread_at(centre: float, sd: float, alpha: float) -> Callable[[int], tuple[float, float]]:
+    def mean_at(m: int) -> tuple[float, float]:
+        half = sd / math.sqrt(m) * float(mean_factor(np.array(m), alpha))
+        return (centre - half, centre + half) if math.isfinite(half) else (-math.inf, math.inf)
+
+    return mean_at
+
+
+def _slope_at(
+    values: np.ndarray, t: np.ndarray, alpha: float
+) -> Callable[[int], tuple[float, float]] | None:
+    """A slope's bound after m windows at the observed mean spacing, with the observed
+    slope and residual noise; the prior's spacing is slope_bounds' (the first three)."""
+    hours = (t - float(t.min())) / 3600.0
+    slope, _, _ = slope_bounds(values, t, alpha)
+    spacing = float(np.ptp(hours)) / (len(hours) - 1)
+    first = np.sort(hours)[:3]
+    prior_spacing = float(first[2] - first[0]) / 2
+    if math.isnan(slope) or spacing <= 0 or prior_spacing <= 0:
+        return None
+    residual = values - values.mean() - slope * (hours - hours.mean())
+    sigma = math.sqrt(float((residual**2).sum()) / (len(values) - 2))
+
+    def slope_at(m: int) -> tuple[float, float]:
+        sxx = spacing**2 * m * (m**2 - 1) / 12
+        factor = float(slope_factor(np.array(m), np.array(sxx), prior_spacing, alpha))
+        half = sigma / math.sqrt(sxx) * factor
+        return (slope - half, slope + half) if math.isfinite(half) else (-math.inf, math.inf)
+
+    return slope_at

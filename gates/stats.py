@@ -98,7 +98,7 @@ def order_needs_n(
         s = order_ranks(m, p * 100.0, confidence)[1]
         return s <= m and s <= math.floor(share * m + 1e-9)
 
-    return _smallest(enough, start=start)
+    return smallest(enough, start=start)
 
 
 def median_difference(
@@ -148,10 +148,10 @@ def wilson_needs_n(
             return bound > limit if strict else bound >= limit
         return bound < limit if strict else bound <= limit
 
-    return _smallest(enough, start=1)
+    return smallest(enough, start=1)
 
 
-def _smallest(check: Callable[[int], bool], start: int) -> int | None:
+def smallest(check: Callable[[int], bool], start: int) -> int | None:
     """The smallest m >= start with check(m) (monotone in m), by doubling then bisection."""
     lo, hi = max(start, 1), max(start, 1)
     while not check(hi):

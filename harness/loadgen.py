@@ -89,6 +89,7 @@ class LoadGenerator:
         self.collector: MasterCollector | None = None
         self.runner: Runner = self._create_runner()
         self.stopped_early: str | None = None  # why the load was stopped early, if it was
+        self.shape_ended = False  # the shape ended the load itself, before the deadline
 
     def _create_runner(self) -> Runner:
         if not self.layout.distributed:
@@ -143,7 +144,8 @@ class LoadGenerator:
         while time.monotonic() < deadline:
             gevent.sleep(WAIT_TICK_S)
             if self.env.shape_class is not None and self.runner.state == STATE_STOPPED:
-                break  # the shape ended the test itself
+                self.shape_ended = True
+                break
             if self.workers is not None and self.workers.alive() == 0:
                 raise RuntimeError("every local Locust worker process exited; see worker*.log")
             elapsed = time.monotonic() - started

@@ -28,12 +28,14 @@ from rich.console import Console
 from contract.runmeta import RunMeta, RunStatus
 from gates import run_profile, schema
 from gates.rundir import read_table
+from gates.spec import load_gate_file
 from harness import rundir, summary
 from harness.faults.admin import ReplicaAdmin
 from harness.faults.base import ReplicaAdminAPI
 from harness.faults.proxy import ProxyInPath, start_proxy_in_path
 from harness.faults.scheduler import FaultScheduler
 from harness.live.console import Progress
+from harness.live.until import UntilDecided
 from harness.live.watch import RunWatch
 from harness.live.web import LiveState, start_web_ui
 from harness.loadgen import Distribution, LoadGenerator
@@ -104,6 +106,7 @@ class Orchestrator:
         self.faults: FaultScheduler | None = None
         self.probe_rows: list[dict[str, object]] = []  # release probe rows, written at teardown
         self.aborted: dict[str, Any] | None = None  # the gate that stopped the load, if one did
+        self.until: UntilDecided | None = None  # load.until: decided: its stop rule
         self.progress: Progress | None = None
         self.shape: Any = None
         self.gpus: list[dict[str, Any]] = []
@@ -250,6 +253,7 @@ class Orchestrator:
             self.plan.planned_seconds(),
             users=lambda: self.loadgen.users if self.loadgen else 0,
             faults=self._faults_label,
+            decided=lambda: self.until.label() if self.until else None,
         )
         self.progress.start()
 
@@ -303,17 +307,26 @@ class Orchestrator:
         self.clock.load_start = time.time()
         if self.faults is not None:
             self.faults.start(time.monotonic())
+        load = self.plan.load
+        gates_file = self.plan.resolve(self.plan.gates)
+        if load.until == "decided":
+            assert load.min_duration_s is not None and load.max_duration_s is not None
+            gates = load_gate_file(gates_file).gates
+            self.until = UntilDecided(gates, load.min_duration_s, load.max_duration_s, self.shape)
         watch = RunWatch(
             self.run_dir,
-            self.plan.resolve(self.plan.gates),
+            gates_file,
             self.plan.report_every_s,
             lambda: self._write_meta("running"),
             all_gates=self.live is not None,
+            until=self.until,
         )
 
         def tick(elapsed_s: float) -> str | None:
             if self.live is not None:
                 self.live.gates = watch.latest
+                if self.until is not None:
+                    self.live.until = {"text": self.until.label(), "gates": self.until.progress()}
             if self.web_stop:
                 return "stopped from the web page"
             gen = self.loadgen
@@ -321,14 +334,20 @@ class Orchestrator:
                 return "stopped from Locust's web UI"  # its own stop button
             return watch.tick(elapsed_s)
 
+        ran = False
         try:
-            self.loadgen.run_load(
-                self.plan.load.duration_s, tick if watch.needed or self.live else None
-            )
+            self.loadgen.run_load(load.duration_s, tick if watch.needed or self.live else None)
+            ran = True
         finally:
             watch.close()
             self.aborted = watch.aborted
             self.clock.load_end = time.time()
+            if self.until is not None:
+                gen = self.loadgen
+                because = gen.stopped_early if ran else "the run was interrupted or failed"
+                self.until.stopped(
+                    self.clock.load_end - self.clock.load_start, because, gen.shape_ended
+                )
             if self.faults is not None:
                 self.faults.stop()
 
@@ -519,10 +538,12 @@ class Orchestrator:
             phases=phases,
             capacity=capacity,
             aborted=self.aborted,
+            **({"until": self.until.record()} if self.until else {}),
             load_generator={
                 "mode": "distributed" if self.layout.distributed else "local",
                 "processes": self.layout.processes,
-                # why the load stopped before its planned end (load.stop_if_failing), if it did
+                # why the load stopped before its planned end (load.stop_if_failing, an
+                # abort, load.until: decided), if it did
                 "stopped_early": gen.stopped_early if gen else None,
             },
             records={

@@ -268,17 +268,54 @@ class StopIfFailing(_Strict):
     within_s: float = Field(30.0, gt=0)
 
 
+# Without faults, the least a load that runs until decided runs; with them, until this long
+# after the last one fires (each fault fires, and its effect is seen), within the maximum.
+UNTIL_MIN_DURATION_S = 30.0
+UNTIL_AFTER_LAST_FAULT_S = 10.0
+
+
 class Load(_Strict):
-    """Shape and duration. `constant` holds `users`; the others use the workloads' shapes."""
+    """Shape and duration. `constant` holds `users`; the others use the workloads' shapes.
+
+    `until: decided` runs the load until every key gate is decided by its anytime-valid
+    bound (harness/live/until.py), at least `min_duration_s` and at most `max_duration_s`;
+    `duration_s` is then only the maximum's default, and is set to the maximum, so every
+    reader of the planned length (the deadline, the console, the evidence checks) reads it."""
 
     shape: ShapeName = "constant"
     users: int = Field(8, ge=1, le=2000)
     spawn_rate: float = Field(4.0, gt=0)
     duration_s: float = Field(60.0, gt=0, le=86400)
+    until: Literal["duration", "decided"] = "duration"
+    # until: decided only; the minimum's default depends on the faults (Plan._until_fits)
+    min_duration_s: float | None = Field(None, gt=0, le=86400)
+    max_duration_s: float | None = Field(None, gt=0, le=86400)
     shape_attributes: dict[str, Any] = Field(default_factory=dict)
     idle_before_s: float = Field(3.0, ge=0, le=600)  # sampled before load: memory baseline
     idle_after_s: float = Field(5.0, ge=0, le=600)  # sampled after load: does memory fall back
     stop_if_failing: StopIfFailing | None = StopIfFailing()  # null: never stop early
+
+    @model_validator(mode="after")
+    def _until_limits(self) -> Load:
+        if self.until == "duration":
+            given = [
+                k for k in ("min_duration_s", "max_duration_s") if getattr(self, k) is not None
+            ]
+            if given:
+                verb = "apply" if len(given) > 1 else "applies"
+                raise ValueError(
+                    f"{' and '.join(given)} {verb} only to a load that runs until its key gates "
+                    "are decided: set until: decided, or give the load's length as duration_s"
+                )
+            return self
+        self.max_duration_s = self.duration_s = self.max_duration_s or self.duration_s
+        if self.min_duration_s is not None and self.min_duration_s > self.max_duration_s:
+            raise ValueError(
+                f"min_duration_s ({self.min_duration_s:g} s) is longer than max_duration_s "
+                f"({self.max_duration_s:g} s): the load would have to stop before it may; "
+                "make min_duration_s at most max_duration_s"
+            )
+        return self
 
 
 class Interval(_Strict):
@@ -341,6 +378,30 @@ class Plan(_Strict):
     # what `kvgate qualify` runs besides the plan itself on a target other than the
     # reference server: each must fail its gates (and the run)
     misconfigurations: dict[str, Misconfiguration] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _until_fits(self) -> Plan:
+        """A load that runs until decided may stop at min_duration_s, so every fault must
+        fire before it: a fault the load stopped before would leave the gates that judge it
+        without the fault. By default the minimum is UNTIL_MIN_DURATION_S, or later, until
+        UNTIL_AFTER_LAST_FAULT_S after the last fault, within the maximum."""
+        load = self.load
+        if load.until != "decided":
+            return self
+        assert load.max_duration_s is not None  # Load._until_limits sets it
+        if load.min_duration_s is None:
+            last = max((f.at_s + UNTIL_AFTER_LAST_FAULT_S for f in self.faults), default=0.0)
+            load.min_duration_s = min(max(UNTIL_MIN_DURATION_S, last), load.max_duration_s)
+        for i, fault in enumerate(self.faults):
+            if fault.at_s >= load.min_duration_s:
+                raise ValueError(
+                    f"faults.{i} ({fault.kind} at {fault.at_s:g}s) is not before "
+                    f"load.min_duration_s ({load.min_duration_s:g}s): a load that runs until "
+                    "decided may stop there, before the fault fires; raise min_duration_s "
+                    "past it (or leave it out: it then defaults to "
+                    f"{UNTIL_AFTER_LAST_FAULT_S:g} s after the last fault), or move the fault"
+                )
+        return self
 
     @model_validator(mode="after")
     def _faults_fit(self) -> Plan:

@@ -151,6 +151,43 @@ def build_shape(
     available = workload_shapes() if available is None else available
     base = available[plan.load.shape]
     _check_attributes(base.__name__, base, plan.load.shape_attributes, "load.shape_attributes")
-    shape_cls = type(f"Plan{base.__name__}", (base,), dict(plan.load.shape_attributes))
+    attributes = dict(plan.load.shape_attributes)
+    if plan.load.until == "decided":
+        attributes |= _until_lengths(plan.load.shape, base, attributes, plan.load.max_duration_s)
+    shape_cls = type(f"Plan{base.__name__}", (base,), attributes)
     shape: LoadTestShape = shape_cls()
     return shape
+
+
+def _until_lengths(
+    name: str, base: type, attributes: Mapping[str, Any], max_s: float | None
+) -> dict[str, Any]:
+    """A shape's own length, for a load that runs until decided: as long as max_duration_s
+    allows, in whole cycles for peaks and troughs; the stop rule ends it earlier, at a
+    boundary (workloads/shapes.py). The plan's `cycles`, a soak's `duration_s` and a ramp's
+    `max_duration_s` are replaced."""
+    assert max_s is not None  # the plan's validation sets it with until: decided
+
+    def value(key: str) -> float:
+        return float(attributes.get(key, getattr(base, key)))
+
+    if name == "peak_trough":
+        period = value("peak_s") + value("trough_s")
+        if period > max_s:
+            raise TrafficError(
+                f"load.max_duration_s ({max_s:g} s) holds no whole peak/trough cycle "
+                f"({period:g} s: peak_s + trough_s); a load that runs until decided stops only "
+                "at the end of a cycle, so raise max_duration_s or shorten the phases"
+            )
+        return {"cycles": int(max_s // period)}
+    if name == "soak":
+        hold = max_s - value("cooldown_s")
+        if hold <= 0:
+            raise TrafficError(
+                f"load.max_duration_s ({max_s:g} s) leaves the soak no time before its "
+                f"cooldown ({value('cooldown_s'):g} s); raise max_duration_s"
+            )
+        return {"duration_s": hold}
+    if name == "step_ramp":
+        return {"max_duration_s": min(value("max_duration_s"), max_s)}
+    return {}

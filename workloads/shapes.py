@@ -18,12 +18,22 @@ by itself (`tick()` returns None) and leaves what it did on the instance for the
   follow the batch counts. (A class that should send only in some phases while its users
   stay up — daytime long-context traffic — sets its users' `phases` instead.)
 
+Any shape can be asked to end early at its next boundary (`end_at_boundary`, for a load that
+runs until its gates are decided): the end of a whole peak/trough cycle, of a ramp step, or,
+for a soak, any moment after the ramp, followed by its cooldown. It closes its last phase
+there and holds its users (`parked`) until the harness stops the load, so `phases` shows
+only what really ran and no phase is cut short. A peak/trough shape or a ramp may be told
+to go on instead (`resume`, when the look taken at the boundary leaves a gate undecided):
+its next phase begins then, and its clock (`clock_s`) leaves out the time it held, so every
+phase keeps its length.
+
 The ramp learns rejection and timeout rates live from `environment.events.kvgate_record`.
 """
 
 from __future__ import annotations
 
 import bisect
+import math
 import time
 from typing import Any, ClassVar
 
@@ -46,12 +56,22 @@ class RecordingShape(LoadTestShape):
     """Base: a clock in epoch seconds and the list of phases the shape went through."""
 
     abstract = True
+    # Whether a load that runs until decided looks again once this shape has reached its
+    # boundary, and resumes it when a gate is still undecided: true for shapes whose boundary
+    # lies ahead of the look that asked for it (the end of a cycle, of a step).
+    confirms_at_boundary: ClassVar[bool] = False
 
     def __init__(self) -> None:
         super().__init__()
         self.epoch_start = time.time()
         self.phases: list[dict[str, Any]] = []
         self.finished = False
+        # Asked to end early: the run time it ends at (None: it runs its planned course), and
+        # whether it got there (its last phase then is closed, and it holds its users).
+        self.end_at_s: float | None = None
+        self.parked = False
+        self.held_s = 0.0  # seconds spent parked before a resume, left out of `clock_s`
+        self._parked_since = 0.0
 
     def reset_time(self) -> None:
         super().reset_time()
@@ -65,12 +85,45 @@ class RecordingShape(LoadTestShape):
     def now_epoch(self) -> float:
         return self.epoch_start + self.get_run_time()
 
+    def clock_s(self) -> float:
+        """The shape's own time: its run time less the seconds it held at a boundary."""
+        return self.get_run_time() - self.held_s
+
     def enter_phase(self, name: str) -> None:
         if self.phases and self.phases[-1]["name"] == name and self.phases[-1]["t1"] is None:
             return
         now = self.now_epoch()
         self._close_phase(now)
         self.phases.append({"name": name, "t0": now, "t1": None})
+
+    def end_at_boundary(self, not_before_s: float = 0.0) -> float:
+        """Ask the shape to end at its next boundary, and not before `not_before_s` (on its
+        clock); the run time it will end at. Asking again changes nothing."""
+        if self.end_at_s is None:
+            self.end_at_s = self.next_boundary_s(not_before_s)
+        return self.end_at_s
+
+    def next_boundary_s(self, not_before_s: float) -> float:
+        """The first time on the shape's clock, not before `not_before_s`, at which it may end
+        without cutting short a stretch that gates judge whole: any moment, for a shape that
+        has none."""
+        return max(not_before_s, self.clock_s())
+
+    def resume(self) -> None:
+        """Go on from the boundary the shape is parked at, as if it had never stopped there:
+        its next phase begins now. (Only shapes whose boundaries are ahead of the request,
+        `confirms_at_boundary`, are resumed: a soak's cooldown cannot be taken back.)"""
+        if self.parked:
+            self.held_s += self.get_run_time() - self._parked_since
+        self.parked, self.end_at_s = False, None
+
+    def _park(self) -> bool:
+        """Whether the shape has reached the end it was asked for; the first time, its last
+        phase is closed. A parked shape's tick holds its users: the harness stops them."""
+        if not self.parked and self.end_at_s is not None and self.clock_s() >= self.end_at_s:
+            self._close_phase(self.now_epoch())
+            self.parked, self._parked_since = True, self.get_run_time()
+        return self.parked
 
     def finish(self) -> None:
         if not self.finished:
@@ -123,6 +176,7 @@ class StepRampShape(RecordingShape):
     slo_traffic_classes: ClassVar[tuple[str, ...] | None] = None
     bisect_steps: ClassVar[int] = 0
     bisect_resolution_users: ClassVar[int] = 2
+    confirms_at_boundary: ClassVar[bool] = True
 
     def __init__(self) -> None:
         super().__init__()
@@ -141,11 +195,21 @@ class StepRampShape(RecordingShape):
         self.capacity_users: int | None = None
         self.capacity_bound_users: int | None = None
 
+    def next_boundary_s(self, not_before_s: float) -> float:
+        """The end of a step (each step's load is judged whole), not before `not_before_s`."""
+        current = (self.steps[-1]["index"] + 1) * self.step_s if self.steps else self.step_s
+        return max(current, math.ceil(not_before_s / self.step_s) * self.step_s)
+
     def tick(self) -> Tick:
         if self.finished:
             return None
         self._listen()
-        run_time = self.get_run_time()
+        if self._park():
+            if self.steps:
+                self.steps[-1]["t1"] = self.phases[-1]["t1"]
+                return self.steps[-1]["users"], self.spawn_rate
+            return None
+        run_time = self.clock_s()
         index = int(run_time // self.step_s)
         self._judge()
         reason = self._stop_reason(run_time, index)
@@ -247,7 +311,7 @@ class StepRampShape(RecordingShape):
     def _start_step(self, index: int, users: int) -> None:
         self.enter_phase(f"step_{index}")
         t0 = self.phases[-1]["t0"]
-        if self.steps:
+        if self.steps and self.steps[-1]["t1"] is None:  # else it ended at a boundary
             self.steps[-1]["t1"] = t0
         self.steps.append(
             {
@@ -333,16 +397,29 @@ class SoakShape(RecordingShape):
     duration_s: ClassVar[float] = 1800.0
     cooldown_s: ClassVar[float] = 0.0
 
+    def _ramp_s(self) -> float:
+        return self.users / self.spawn_rate if self.spawn_rate > 0 else 0.0
+
+    def next_boundary_s(self, not_before_s: float) -> float:
+        """Any moment after the ramp, not before `not_before_s`; the cooldown follows, and
+        the shape ends after it."""
+        hold_end = max(not_before_s, self.clock_s(), min(self._ramp_s(), self.duration_s))
+        return min(hold_end, self.duration_s) + self.cooldown_s
+
     def tick(self) -> Tick:
         if self.finished:
             return None
-        run_time = self.get_run_time()
-        ramp_s = self.users / self.spawn_rate if self.spawn_rate > 0 else 0.0
-        if run_time < min(ramp_s, self.duration_s):
+        if self._park():
+            return (0 if self.cooldown_s else self.users), self.spawn_rate
+        run_time = self.clock_s()
+        hold_end = self.duration_s
+        if self.end_at_s is not None:
+            hold_end = min(hold_end, self.end_at_s - self.cooldown_s)
+        if run_time < min(self._ramp_s(), hold_end):
             self.enter_phase("ramp")
-        elif run_time < self.duration_s:
+        elif run_time < hold_end:
             self.enter_phase("soak")
-        elif run_time < self.duration_s + self.cooldown_s:
+        elif run_time < hold_end + self.cooldown_s:
             self.enter_phase("cooldown")
             return 0, self.spawn_rate
         else:
@@ -374,18 +451,29 @@ class PeakTroughShape(RecordingShape):
     start_with_peak: ClassVar[bool] = True
     batch_traffic_classes: ClassVar[tuple[str, ...]] = ("batch",)
     trough_classes: ClassVar[tuple[str, ...]] = ()  # user class names run like batch classes
+    confirms_at_boundary: ClassVar[bool] = True
 
     def __init__(self) -> None:
         super().__init__()
         self._steps: list[Step] = []
         self._running = (0, 0)  # (online, batch) users the last completed phase asked for
         self._step_since: float | None = None  # run time the current transition step began
+        self._cycle = 0  # the cycle of the phase now running (0: the first)
+
+    def next_boundary_s(self, not_before_s: float) -> float:
+        """The end of a whole cycle, not before `not_before_s`: gates that compare the peaks
+        with the troughs see each as often."""
+        period = self.peak_s + self.trough_s
+        current = (self._cycle + 1) * period
+        return max(current, math.ceil(not_before_s / period) * period)
 
     def tick(self) -> Tick:
         if self.finished:
             return None
+        if self._park():
+            return self._steps[0] if self._steps else None
         period = self.peak_s + self.trough_s
-        run_time = self.get_run_time()
+        run_time = self.clock_s()
         if run_time >= period * self.cycles:
             self.finish()
             return None
@@ -393,6 +481,7 @@ class PeakTroughShape(RecordingShape):
         peak = (run_time % period < first_s) == self.start_with_peak
         name = "peak" if peak else "trough"
         if not self.phases or self.phases[-1]["name"] != name:
+            self._cycle = int(run_time // period)
             self.enter_phase(name)
             target = (
                 (self.peak_users, self.peak_batch_users)

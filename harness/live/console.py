@@ -1,4 +1,5 @@
-"""Live console progress (rich): elapsed of planned time, users, req/s, TTFT p95, pool, faults.
+"""Live console progress (rich): elapsed of planned time, users, req/s, TTFT p95, pool, faults,
+and, for a load that runs until its key gates are decided, how far each is from a decision.
 
 Runs as a greenlet in the Locust process and refreshes by hand (no rich refresh thread).
 Pool usage is read from the tail of `samples.jsonl`, which the sampler process writes, so
@@ -63,14 +64,16 @@ class Snapshot:
     rejections: int
     errors: int
     faults: str
+    decided: str | None = None  # load.until: decided: the key gates' way to a decision
 
     def line(self) -> str:
         ttft = f"{self.ttft_p95_s * 1000:.0f} ms" if self.ttft_p95_s is not None else "-"
         pool = f"{self.pool_usage:.0%}" if self.pool_usage is not None else "-"
+        decided = f" key_gates=[{self.decided}]" if self.decided else ""
         return (
             f"[{self.phase}] {self.elapsed_s:.0f}/{self.planned_s:.0f}s users={self.users} "
             f"req/s={self.rps:.1f} ttft_p95={ttft} pool={pool} requests={self.requests} "
-            f"rejected={self.rejections} errors={self.errors} faults={self.faults}"
+            f"rejected={self.rejections} errors={self.errors} faults={self.faults}{decided}"
         )
 
     def table(self) -> Table:
@@ -90,6 +93,8 @@ class Snapshot:
             ("errors", str(self.errors)),
             ("faults fired", self.faults),
         ]
+        if self.decided:
+            rows.append(("key gates (until decided)", self.decided))
         for name, value in rows:
             table.add_row(name, value)
         return table
@@ -106,6 +111,7 @@ class Progress:
         planned_s: float,
         users: Callable[[], int],
         faults: Callable[[], str],
+        decided: Callable[[], str | None] = lambda: None,
     ) -> None:
         self.console = console
         self.sink = sink
@@ -113,6 +119,7 @@ class Progress:
         self.planned_s = planned_s
         self.users = users
         self.faults = faults
+        self.decided = decided
         self.phase = "starting"
         self.t0 = time.monotonic()
         self._greenlet: gevent.Greenlet[[], None] | None = None
@@ -132,6 +139,7 @@ class Progress:
             rejections=self.sink.rejections,
             errors=self.sink.errors,
             faults=self.faults(),
+            decided=self.decided(),
         )
 
     def start(self) -> None:

@@ -9,13 +9,13 @@ which keep their error rate however often the check looks. A gate with `abort_on
 has clearly failed (`clearly_failed`: decided FAIL by its anytime bound), `abort_grace_s` or
 more into the load, stops the load; the run is then torn down, judged and reported as usual,
 and its verdict is FAIL with the reason (gates/evaluator.py reads meta.json's `aborted`).
-The live page shows each gate's decision so far.
+A load that runs until its key gates are decided (`load.until: decided`) hands each look to
+its stop rule (harness/live/until.py). The live page shows each gate's decision so far.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from gates.spec import GateSpec, load_gate_file
 
 if TYPE_CHECKING:  # the load generator's process imports this module: keep it light
-    from gates.registry import Observations
+    from harness.live.until import UntilDecided
 
 CHECK_EVERY_S = 10.0
 
@@ -40,6 +40,7 @@ class RunWatch:
         report_every_s: float | None,
         write_meta: Callable[[], None],
         all_gates: bool = False,  # judge every gate, for the live page (`latest`)
+        until: UntilDecided | None = None,  # load.until: decided, judging the key gates too
     ) -> None:
         self.run_dir = run_dir
         self.gates_file = gates_file
@@ -54,21 +55,27 @@ class RunWatch:
         self._next_report = report_every_s or 0.0
         self.aborted: dict[str, Any] | None = None
         self.all_gates = all_gates
+        self.until = until
         self.latest: list[dict[str, Any]] = []  # the last check's results
+        self._check_began = 0.0  # seconds into the load when the running check began
 
     @property
     def needed(self) -> bool:
-        return bool(self.abort_gates) or self.report_every_s is not None or self.all_gates
+        checking = bool(self.abort_gates) or self.all_gates or self.until is not None
+        return checking or self.report_every_s is not None
 
     def tick(self, elapsed_s: float) -> str | None:
-        """Why the load must stop now (a gate with abort_on_fail failed), or None."""
+        """Why the load must stop now (a gate with abort_on_fail failed, or the key gates of
+        a load that runs until decided are), or None."""
         reason = self._read_check(elapsed_s)
         if reason:
             return reason
-        checking = bool(self.abort_gates) or self.all_gates
-        if checking and self._check is None and elapsed_s >= self._next_check:
+        checking = bool(self.abort_gates) or self.all_gates or self.until is not None
+        due = elapsed_s >= self._next_check or (self.until is not None and self.until.wants_look)
+        if checking and self._check is None and due:
             self._next_check = elapsed_s + CHECK_EVERY_S
             self.write_meta()
+            self._check_began = elapsed_s
             self._check = self._spawn("check")
         if self.report_every_s and self._report is None and elapsed_s >= self._next_report:
             self._next_report = elapsed_s + self.report_every_s
@@ -76,7 +83,7 @@ class RunWatch:
             self._report = self._spawn("report")
         if self._report is not None and self._report.poll() is not None:
             self._report = None
-        return None
+        return self.until.tick(elapsed_s) if self.until is not None else None
 
     def _read_check(self, elapsed_s: float) -> str | None:
         if self._check is None or self._check.poll() is None:
@@ -98,6 +105,8 @@ class RunWatch:
                 "message": result["message"],
             }
             return f"aborted at +{elapsed_s:.0f} s by gate {gate.id}: {result['message']}"
+        if self.until is not None:
+            self.until.look(elapsed_s, results, began_s=self._check_began)
         return None
 
     def _spawn(self, what: str) -> subprocess.Popen[str]:
@@ -105,6 +114,8 @@ class RunWatch:
         cmd.append(str(self.gates_file) if self.gates_file is not None else "builtin")
         if what == "check" and self.all_gates:
             cmd.append("--all")
+        elif what == "check" and self.until is not None:
+            cmd.append("--key")
         return subprocess.Popen(
             cmd,
             stdout=subprocess.PIPE,
@@ -132,12 +143,19 @@ def clearly_failed(result: dict[str, Any], gate: GateSpec) -> bool:
     )
 
 
-def _check(run_dir: Path, gates_file: Path | None, every: bool) -> list[dict[str, Any]]:
+def _check(
+    run_dir: Path, gates_file: Path | None, every: bool, key: bool = False
+) -> list[dict[str, Any]]:
+    """Each gate with abort_on_fail (`key`: and each key gate; `every`: every gate) judged on
+    the run so far: its fixed-n status and its anytime standing (gates/standing.py)."""
     from gates.evaluator import judge_observed
     from gates.rundir import load_run
+    from gates.standing import standing
 
     run = load_run(run_dir)
-    gates = [g for g in load_gate_file(gates_file).gates if every or g.abort_on_fail]
+    gates = [
+        g for g in load_gate_file(gates_file).gates if every or g.abort_on_fail or (key and g.key)
+    ]
     checked = []
     for gate in gates:
         r, obs = judge_observed(run, gate)
@@ -150,50 +168,25 @@ def _check(run_dir: Path, gates_file: Path | None, every: bool) -> list[dict[str
                 "message": r.message,
                 "value_text": r.value_text(),
                 "threshold": r.threshold,
-                **_anytime(gate, obs),
+                "key": gate.key,
+                **standing(gate, obs),
             }
         )
     return checked
 
 
-def _anytime(gate: GateSpec, obs: Observations | None) -> dict[str, str]:
-    """The gate's decision by its anytime-valid bound on the evidence so far."""
-    from gates.sequential import decide
-
-    if obs is None:
-        return {"decision": "N/A", "bound_text": ""}
-    frame = obs.frame
-    times = frame["t"].to_numpy(dtype=float) if "t" in frame else None
-    decision = decide(
-        frame["value"].to_numpy(dtype=float),
-        gate.pass_,
-        1 - gate.confidence,
-        t=times,
-        examined=obs.n_samples,
-        min_samples=gate.min_samples,
-        unsure=len(obs.unsure),
-    )
-    if math.isnan(decision.lo):
-        return {"decision": str(decision.state), "bound_text": ""}
-    shown = f"[{_number(decision.lo)}, {_number(decision.hi)}]"
-    return {"decision": str(decision.state), "bound_text": f"{shown} ({decision.method})"}
-
-
-def _number(value: float) -> str:
-    return ("inf" if value > 0 else "-inf") if math.isinf(value) else f"{value:.4g}"
-
-
 def main(argv: Sequence[str]) -> int:
     if len(argv) < 3 or argv[0] not in ("check", "report"):
         print(
-            "usage: python -m harness.live.watch check|report RUN_DIR GATES|builtin [--all]",
+            "usage: python -m harness.live.watch check|report RUN_DIR GATES|builtin [--all|--key]",
             file=sys.stderr,
         )
         return 2
     run_dir = Path(argv[1])
     gates_file = None if argv[2] == "builtin" else Path(argv[2])
     if argv[0] == "check":
-        print(json.dumps(_check(run_dir, gates_file, "--all" in argv[3:])))
+        options = argv[3:]
+        print(json.dumps(_check(run_dir, gates_file, "--all" in options, "--key" in options)))
         return 0
     from reports import write_reports
 

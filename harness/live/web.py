@@ -8,8 +8,12 @@ through its Flask app, a blueprint with
   anytime-valid bound, which a page refreshed every few seconds may look at as often as
   it likes; gates/sequential.py);
 - `/kvgate/state.json`: `{"elapsed_s", "gates": [{"id", "value_text", "status",
-  "decision", "bound_text", ...}],
-  "samples": {...}, "faults": [...], "fault_kinds": [...], "stopping"}`;
+  "decision", "bound_text", "key", "n", "needs_n", "settled", ...}],
+  "until": {"text", "gates": [{"id", "decision", "settled", "n", "needs_n", ...}]} or
+  null, "samples": {...}, "faults": [...], "fault_kinds": [...], "stopping"}`; `until`
+  is, for a load that runs until its key gates are decided (`load.until: decided`,
+  harness/live/until.py), where the stop rule stands and each key gate's way to a
+  decision (n so far, about how many it needs);
 - `POST /kvgate/stop`: a graceful stop; the run is still judged and reported;
 - `POST /kvgate/fault` (`{"kind": K}`): the plan's first fault of kind K, now, journaled.
 The gates' values come from the running evaluation (watch.py), refreshed every
@@ -89,6 +93,7 @@ class LiveState:
         }
         self.fault_marks: list[tuple[float, str]] = []
         self.gates: list[dict[str, Any]] = []
+        self.until: dict[str, Any] | None = None  # load.until: decided only
         self.fault_kinds: list[str] = []
         self.stopping: str | None = None
         self._last_point = 0.0
@@ -123,6 +128,7 @@ class LiveState:
         return {
             "elapsed_s": round(time.time() - self.t0, 1),
             "gates": self.gates,
+            "until": self.until,
             "samples": {name: s.as_json() for name, s in self.series.items()},
             "watermarks": self.watermarks,
             "ttft_line_s": 0.9,

@@ -195,3 +195,49 @@ def test_equality_lines() -> None:
 def test_bad_alpha_is_refused_with_what_it_is() -> None:
     with pytest.raises(ValueError, match="1 - confidence"):
         decide(np.ones(3), th("rate >= 0.5"), 1.5)
+
+
+def test_needs_n_is_where_more_of_the_same_would_first_be_decided() -> None:
+    """n of n served: `rate >= 0.99` is first decided at 607 (the figure gates/README.md
+    gives), whatever n it is asked at; 90% of p95 samples far under the line decide it at
+    177, a p95 first bounded there; a breach is decided sooner than a pass of the same
+    margin would be."""
+    line = th("rate >= 0.99")
+    for n in (10, 100, 600):
+        assert sequential.needs_n(np.ones(n), line, ALPHA) == 607
+    assert decide(np.ones(607), line, ALPHA).state == Decided.PASS
+    assert decide(np.ones(606), line, ALPHA).state == Decided.UNDECIDED
+    assert sequential.needs_n(np.ones(3000), line, ALPHA) == 3000  # decided already
+    assert sequential.needs_n(np.ones(100), line, ALPHA, min_samples=5000) == 5000
+    assert sequential.needs_n(np.ones(100), line, ALPHA, unsure=1) is None  # never a PASS
+    rng = np.random.default_rng(3)
+    assert sequential.needs_n(rng.exponential(0.1, 40), th("p(95) <= 900ms"), ALPHA) == 177
+    breach = np.r_[np.zeros(4), np.ones(96)]  # 96% against a 99% line: not yet decided
+    needed = sequential.needs_n(breach, line, ALPHA)
+    assert needed is not None and 100 < needed < 607
+    repeated = np.tile(breach, needed // 100 + 1)[:needed]
+    assert decide(repeated, line, ALPHA).state == Decided.FAIL
+
+
+def test_needs_n_for_means_and_slopes_and_where_nothing_would_decide() -> None:
+    rng = np.random.default_rng(4)
+    sample = rng.normal(1.8, 1.0, 20)
+    line = th("mean <= 2")
+    needed = sequential.needs_n(sample, line, ALPHA)
+    assert needed is not None and needed > 20
+
+    def like_sample(m: int) -> np.ndarray:
+        """m values with exactly the sample's mean and standard deviation."""
+        z = rng.standard_normal(m)
+        return np.asarray(sample.mean() + sample.std(ddof=1) * (z - z.mean()) / z.std(ddof=1))
+
+    assert decide(like_sample(needed), line, ALPHA).state == Decided.PASS
+    assert decide(like_sample(needed - 1), line, ALPHA).state == Decided.UNDECIDED
+    t = np.arange(4) * 120.0
+    flat = rng.normal(0, 0.001, 4)
+    windows = sequential.needs_n(flat, th("slope <= 0.02"), ALPHA, t=t)
+    assert windows is not None and 4 < windows < 60
+    assert sequential.needs_n(np.ones(50), th("count == 0"), ALPHA) == 50  # 50 violations
+    assert sequential.needs_n(np.array([]), th("count == 0"), ALPHA) is None  # end of run
+    assert sequential.needs_n(np.full(50, 0.1), th("max <= 0.15"), ALPHA) is None
+    assert sequential.needs_n(np.r_[np.zeros(10), np.ones(10)], th("rate >= 0.5"), ALPHA) is None

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.plan import PlanError, ReferenceTarget, apply_override, load_plan
+from harness.plan import Plan, PlanError, ReferenceTarget, apply_override, load_plan
 
 PLANS = Path(__file__).resolve().parents[2] / "harness" / "plans"
 
@@ -158,3 +158,60 @@ def test_files_the_plan_names_must_exist(tmp_path: Path) -> None:
 def test_shipped_plans_validate(name: str) -> None:
     plan = load_plan(PLANS / f"{name}.yaml")
     assert plan.name == name
+
+
+UNTIL = GOOD.replace("load: {users: 2, duration_s: 10}", "load: {users: 2, until: decided, LIMITS}")
+
+
+def until_plan(tmp_path: Path, limits: str, faults: str = "kill, at_s: 5") -> Plan:
+    text = UNTIL.replace("LIMITS", limits).replace("kill, at_s: 5", faults)
+    return load_plan(write(tmp_path, text))
+
+
+def test_until_decided_runs_between_its_minimum_and_maximum(tmp_path: Path) -> None:
+    plan = until_plan(tmp_path, "min_duration_s: 12, max_duration_s: 90")
+    load = plan.load
+    assert load.until == "decided" and (load.min_duration_s, load.max_duration_s) == (12, 90)
+    # duration_s is the maximum, so the deadline, the console and the checks plan for it
+    assert load.duration_s == 90 and plan.planned_seconds() == 3 + 90 + 5
+
+
+def test_until_decided_defaults_its_limits_from_the_duration_and_the_faults(
+    tmp_path: Path,
+) -> None:
+    """The maximum is duration_s; the minimum 30 s, or 10 s after the last fault, within the
+    maximum. A fixed-length plan keeps duration_s and no limits."""
+    plan = until_plan(tmp_path, "duration_s: 120")
+    assert (plan.load.min_duration_s, plan.load.max_duration_s) == (30, 120)
+    late = until_plan(tmp_path, "duration_s: 120", faults="kill, at_s: 70")
+    assert late.load.min_duration_s == 80
+    short = until_plan(tmp_path, "duration_s: 20")
+    assert short.load.min_duration_s == 20 == short.load.max_duration_s
+    fixed = load_plan(write(tmp_path, GOOD))
+    assert fixed.load.until == "duration" and fixed.load.min_duration_s is None
+
+
+def test_until_decided_limits_are_checked_with_what_to_do(tmp_path: Path) -> None:
+    with pytest.raises(PlanError) as err:
+        until_plan(tmp_path, "min_duration_s: 100, max_duration_s: 60")
+    assert (
+        "load: min_duration_s (100 s) is longer than max_duration_s (60 s): the load would have "
+        "to stop before it may; make min_duration_s at most max_duration_s"
+    ) in str(err.value)
+    with pytest.raises(PlanError) as err:
+        load_plan(write(tmp_path, GOOD.replace("duration_s: 10", "min_duration_s: 5")))
+    assert (
+        "load: min_duration_s applies only to a load that runs until its key gates are decided: "
+        "set until: decided, or give the load's length as duration_s"
+    ) in str(err.value)
+    with pytest.raises(PlanError, match=r"load\.until: Input should be 'duration' or 'decided'"):
+        load_plan(write(tmp_path, GOOD.replace("users: 2", "users: 2, until: forever")))
+
+
+def test_a_fault_a_load_until_decided_may_stop_before_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(PlanError) as err:
+        until_plan(tmp_path, "min_duration_s: 20, max_duration_s: 90", faults="kill, at_s: 40")
+    assert (
+        "faults.0 (kill at 40s) is not before load.min_duration_s (20s): a load that runs until "
+        "decided may stop there, before the fault fires; raise min_duration_s past it"
+    ) in str(err.value)

@@ -365,3 +365,80 @@ def test_peak_trough_moves_batch_users_in_a_real_locust_run() -> None:
     assert shape.finished
     assert ("peak", {"Online": 6, "Offline": 0}) in counts
     assert ("trough", {"Online": 2, "Offline": 4}) in counts
+
+
+def peak_trough(cycles: int) -> PeakTroughShape:
+    attrs = {"peak_s": 4, "trough_s": 4, "cycles": cycles, "spawn_rate": 5, "peak_users": 8,
+             "trough_users": 3, "trough_batch_users": 0}  # fmt: skip
+    return subclass("PT", PeakTroughShape, attrs)()
+
+
+def test_asked_to_end_a_peak_trough_shape_runs_its_cycle_out_and_holds() -> None:
+    """Asked during its first cycle, not before 10 s: it ends with its second whole cycle
+    (16 s), its last phase closed there, and holds its users until the harness stops them;
+    the planned cycles beyond are not run."""
+    shape = peak_trough(cycles=5)
+    clock, _env = attach(shape)
+    drive(shape, clock, 2)
+    assert shape.end_at_boundary(not_before_s=10) == 16
+    assert shape.end_at_boundary(not_before_s=30) == 16  # asking again changes nothing
+    ticks = drive(shape, clock, 30)
+    assert not shape.finished and shape.parked
+    assert ticks[-1] == ticks[-2] == (3, 5, [Online])  # held: the last trough's users
+    assert [p["name"] for p in shape.phases] == ["peak", "trough"] * 2
+    last = shape.phases[-1]
+    assert last["t1"] - shape.epoch_start == 16.0  # closed at the boundary, not at the stop
+    shape.finish()  # the harness stops the load
+    assert shape.phases[-1]["t1"] == last["t1"] and shape.tick() is None
+
+
+def test_asked_after_a_phase_changed_it_ends_with_the_cycle_now_running() -> None:
+    shape = peak_trough(cycles=5)
+    clock, _env = attach(shape)
+    drive(shape, clock, 9)  # the second cycle's peak began at 8 s
+    assert shape.end_at_boundary() == 16
+
+
+def test_asked_to_end_a_step_ramp_ends_with_the_step_now_running() -> None:
+    shape = subclass("Ramp", StepRampShape, {"step_s": 10, "max_users": 500})()
+    clock, _env = attach(shape)
+    drive(shape, clock, 12)
+    assert shape.end_at_boundary(not_before_s=5) == 20
+    ticks = drive(shape, clock, 40)
+    assert shape.parked and not shape.finished and ticks[-1] == (20, 10)
+    assert [s["users"] for s in shape.steps] == [10, 20]
+    assert shape.steps[-1]["t1"] - shape.epoch_start == 20.0
+
+
+def test_asked_to_end_a_soak_ends_its_hold_then_cools_down() -> None:
+    soak = subclass("Soak", SoakShape, {"users": 20, "spawn_rate": 10, "duration_s": 100})
+    shape = subclass("Soak", soak, {"cooldown_s": 3})()
+    clock, _env = attach(shape)
+    drive(shape, clock, 5)
+    assert shape.end_at_boundary(not_before_s=8) == 11  # a hold to 8 s, then the cooldown
+    ticks = drive(shape, clock, 20)  # from 6 s on
+    assert ticks[:2] == [(20, 10)] * 2 and ticks[2:5] == [(0, 10)] * 3
+    assert shape.parked and ticks[-1] == (0, 10)  # held at zero users once cooled down
+    assert [p["name"] for p in shape.phases] == ["ramp", "soak", "cooldown"]
+    assert shape.phases[-1]["t1"] - shape.epoch_start == 11.0
+
+
+def test_resumed_after_a_boundary_the_shape_goes_on_with_whole_phases() -> None:
+    """Held 3 s at the end of its first cycle, then resumed: the next peak begins then and
+    every phase keeps its 4 s; the shape's clock leaves the hold out, so it ends its five
+    cycles 3 s later than it would have."""
+    shape = peak_trough(cycles=5)
+    clock, _env = attach(shape)
+    drive(shape, clock, 2)
+    assert shape.end_at_boundary() == 8
+    drive(shape, clock, 10)
+    assert shape.parked
+    shape.resume()
+    assert not shape.parked and shape.held_s == 3.0 and shape.end_at_s is None
+    ticks = drive(shape, clock, 100)
+    assert ticks[-1] is None and clock.t == 43
+    names = [p["name"] for p in shape.phases]
+    assert names == ["peak", "trough"] * 5
+    lengths = [p["t1"] - p["t0"] for p in shape.phases]
+    assert lengths == [4.0] * 10
+    assert shape.phases[2]["t0"] - shape.phases[1]["t1"] == 3.0  # the hold, in no phase

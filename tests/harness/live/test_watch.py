@@ -1,4 +1,5 @@
-"""The running evaluation: a gate with abort_on_fail stops the load; the verdict says so."""
+"""The running evaluation: a gate with abort_on_fail stops the load, the verdict says so; the
+key gates of a load that runs until decided stop it once settled."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ from typing import Any
 import pytest
 
 from gates.evaluator import evaluate_run
-from gates.spec import GateSpec
+from gates.spec import GateSpec, load_gate_file
 from gates.verdict import Status
+from harness.live.until import UntilDecided
 from harness.live.watch import RunWatch, clearly_failed
 from harness.live.watch import main as watch_main
 from tests.gates.builder import RunBuilder
@@ -117,3 +119,60 @@ def test_a_breach_clear_only_at_fixed_n_does_not_abort(
     run, gates = availability_run(tmp_path, errors=60)  # 80% served: decided
     result = checked(run, gates, capsys)
     assert result["decision"] == "FAIL" and clearly_failed(result, gate)
+
+
+KEYED = (
+    "version: 1\n"
+    "gates:\n"
+    "  - {id: served, title: s, metric: availability, pass: 'rate >= 0.9', key: true,\n"
+    "     blocks: an outage}\n"
+    "  - {id: no_oom, title: o, metric: oom_events, pass: 'count == 0', key: true,\n"
+    "     blocks: an OOM}\n"
+    "  - {id: quick, title: q, metric: ttft, pass: 'p(50) <= 1ms'}\n"
+)
+
+
+def served_run(tmp_path: Path, n: int) -> tuple[Path, Path]:
+    b = RunBuilder()
+    b.meta["status"] = "running"
+    for i in range(n):
+        b.request(f"r{i}", t=20 + i * 0.05, ttft_s=0.1)
+    gates = tmp_path / "gates.yaml"
+    gates.write_text(KEYED)
+    return b.write(tmp_path / f"run{n}"), gates
+
+
+def test_the_key_check_judges_key_gates_with_their_way_to_a_decision(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--key` (a load that runs until decided) judges the key gates, none of which aborts:
+    each with its anytime decision, n, about how many a decision needs, and whether it is
+    settled. 50 of 50 served does not yet decide `rate >= 0.9`; a count is settled by what
+    the run observed."""
+    run, gates = served_run(tmp_path, 50)
+    assert watch_main(["check", str(run), str(gates), "--key"]) == 0
+    results = {r["id"]: r for r in json.loads(capsys.readouterr().out)}
+    assert set(results) == {"served", "no_oom"}  # `quick` is not key
+    served, no_oom = results["served"], results["no_oom"]
+    assert served["key"] and served["decision"] == "UNDECIDED" and not served["settled"]
+    assert served["n"] == 50 and 50 < served["needs_n"] < 200
+    assert no_oom["decision"] == "UNDECIDED" and no_oom["settled"]
+    assert no_oom["settled_by"] == "observed"
+    assert watch_main(["check", str(run), str(gates)]) == 0
+    assert json.loads(capsys.readouterr().out) == []  # no abort gate, no --key: nothing
+
+
+def test_a_load_that_runs_until_decided_stops_on_the_check_that_settles_its_key_gates(
+    tmp_path: Path,
+) -> None:
+    run, gates = served_run(tmp_path, 300)
+    until = UntilDecided(load_gate_file(gates).gates, min_s=5.0, max_s=60.0)
+    watch = RunWatch(run, gates, None, lambda: None, until=until)
+    try:
+        assert watch.needed and watch.tick(5.0) is None  # the first check comes at 10 s
+        reason = wait_until(lambda: watch.tick(12.0), timeout_s=60, what="the key gates' check")
+    finally:
+        watch.close()
+    assert reason == "every key gate decided at +12 s (load.until: decided)"
+    assert [g["decision"] for g in until.progress()] == ["PASS", "UNDECIDED"]
+    assert watch.aborted is None

@@ -79,3 +79,11 @@ def test_beyond_loopback_a_token_is_made_up_and_a_bad_address_refused() -> None:
     assert (host, port) == ("0.0.0.0", 9000) and token
     with pytest.raises(WebError, match="give HOST:PORT"):
         parse_bind("8089", None)
+
+
+def test_the_state_carries_each_key_gates_way_to_a_decision(tmp_path: Path) -> None:
+    state = _state(tmp_path)
+    assert state.as_json()["until"] is None  # a load of fixed length
+    gates = [{"id": "served", "decision": "UNDECIDED", "settled": False, "n": 40, "needs_n": 109}]
+    state.until = {"text": "0/1 settled; waiting: served n=40/109", "gates": gates}
+    assert state.as_json()["until"]["gates"][0]["needs_n"] == 109
