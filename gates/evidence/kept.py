@@ -76,13 +76,3 @@ def tally(checks: Sequence[CheckSeen]) -> str:
         return f"{len(checks)} ran, all clean"
     shown = ", ".join(f"{c.name} ({c.result()})" for c in flagged)
     return f"{len(checks)} ran, {len(checks) - len(flagged)} clean; flagged: {shown}"
-
-
-def invalid_texts(evidence: Mapping[str, Any] | None) -> list[str]:
-    """The findings that made the run INVALID, as `check: message [where]` (Finding.text)."""
-    return [
-        f.text()
-        for c in checks_seen(evidence)
-        for f in c.findings
-        if f.effect in (Effect.INVALID, Effect.REFUSE)
-    ]

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from gates import schema
-from gates.evidence.kept import invalid_texts
+from gates.evidence import EvidenceReport
 from gates.spec import Threshold
 
 STATUSES = ("PASS", "MARGINAL", "FAIL", "INVALID")
@@ -46,7 +46,7 @@ def run_once(plan: str, overrides: Sequence[str], run_dir: Path) -> dict[str, An
         "status": verdict["status"],
         "problems": verdict["run_problems"],
         # the evidence checks' reasons among them, for the detection matrix
-        "evidence_problems": invalid_texts(verdict.get("evidence")),
+        "evidence_problems": EvidenceReport.from_dict(verdict.get("evidence")).problems,
         "sim_lag_ms_p99": meta.get("sim_lag_ms_p99"),
         "cpu_warning": meta.get("cpu_warning"),
         "gates": {
