@@ -19,6 +19,7 @@ from collections.abc import Callable
 from contract import EventKind
 from server.engine.sim import CostModel, CudaOutOfMemory, StepWork, VirtualGpu
 from server.protocol import ApiError
+from server.replica.collector import StepCollector
 from server.replica.events import EventLog
 from server.replica.streams import Stream
 from server.scheduler import (
@@ -94,6 +95,9 @@ class StepLoop:
         self._wake = asyncio.Event()
         self._t_model: float | None = None  # monotonic time the current step is due to end
         self._task: asyncio.Task[None] | None = None
+        # Set by the replica process (not by tests that build a loop in their own process):
+        # then garbage is collected only between steps.
+        self.collector: StepCollector | None = None
 
     # -- called by handlers ---------------------------------------------------------------
 
@@ -205,6 +209,7 @@ class StepLoop:
                     self.gpu.run_step(IDLE_WORK, stats.pool_used_blocks, stats.fragmentation)
                 except CudaOutOfMemory as exc:
                     self._die_oom(exc)
+                self._collect()
                 self._wake.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), IDLE_TICK_S)
@@ -263,6 +268,7 @@ class StepLoop:
             if stream is not None:
                 stream.finish(t_end)
         self._log_events()
+        self._collect()
 
     def _sweep(self) -> None:
         """Safety net: a stream the scheduler no longer holds (dropped without an expiry in
@@ -317,6 +323,12 @@ class StepLoop:
         if lag > self.stats.lag_max:
             self.stats.lag_max = lag
         self._on_lag(lag)
+
+    def _collect(self) -> None:
+        # Right after the step's writes: the next step is due a whole step from now, so a
+        # collector pass overlaps the simulated step rather than delaying the next one.
+        if self.collector is not None:
+            self.collector.after_step()
 
     def _log_events(self) -> None:
         events = self.scheduler.drain_events()
