@@ -21,7 +21,7 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from gates import schema
-from harness.bench.base import Bench, BenchError, run
+from harness.bench.base import Bench, BenchError, BenchUsageError, run
 from reports.synthetic import make_run
 
 TARGET_SECONDS = 20.0
@@ -47,16 +47,22 @@ CHILD = (
 )
 
 
-def analyse_in_child(run_dir: Path) -> dict[str, Any]:
+def analyse_in_child(run_dir: Path, timeout_s: float = CHILD_TIMEOUT_S) -> dict[str, Any]:
     """Run load + gates + reports in a fresh interpreter; wall seconds and peak RSS of it."""
     start = time.perf_counter()
-    done = subprocess.run(
-        [sys.executable, "-c", CHILD, str(run_dir)],
-        capture_output=True,
-        text=True,
-        timeout=CHILD_TIMEOUT_S,
-        check=False,
-    )
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", CHILD, str(run_dir)],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        raise BenchError(
+            f"the analysis (load, gates, reports) did not finish within {timeout_s:g} s and was "
+            f"stopped; give it longer with --timeout-s, or measure a smaller run"
+        ) from None
     seconds = time.perf_counter() - start
     if done.returncode != 0:
         raise BenchError(f"analysis child failed ({done.returncode}):\n{done.stderr[-4000:]}")
@@ -65,13 +71,15 @@ def analyse_in_child(run_dir: Path) -> dict[str, Any]:
     return {"seconds": round(seconds, 3), "peak_rss_gib": round(peak_kib / 2**20, 3), **phases}
 
 
-def bench(n_requests: int, n_samples: int, keep: Path | None) -> dict[str, Any]:
+def bench(
+    n_requests: int, n_samples: int, keep: Path | None, timeout_s: float = CHILD_TIMEOUT_S
+) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="kvgate-bench-") as tmp:
         run_dir = keep or Path(tmp) / "run"
         t0 = time.perf_counter()
         make_run(run_dir, n_requests, n_samples, flavour="clean")
         generated_s = time.perf_counter() - t0
-        result = analyse_in_child(run_dir)
+        result = analyse_in_child(run_dir, timeout_s)
         html = (run_dir / schema.REPORT_HTML).stat().st_size
         events = _rows(run_dir, schema.SERVER_EVENTS)
     result |= {
@@ -99,13 +107,21 @@ def _rows(run_dir: Path, table: str) -> int:
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
-    return bench(args.requests, args.samples, args.keep)
+    if args.requests < 1 or args.samples < 1 or args.timeout_s <= 0:
+        raise BenchUsageError("need --requests >= 1, --samples >= 1 and --timeout-s > 0")
+    return bench(args.requests, args.samples, args.keep, args.timeout_s)
 
 
 def _options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--requests", type=int, default=1_000_000, help="synthetic requests")
     parser.add_argument("--samples", type=int, default=1_000_000, help="synthetic samples")
     parser.add_argument("--keep", type=Path, default=None, help="write the run here and keep it")
+    parser.add_argument(
+        "--timeout-s",
+        type=float,
+        default=CHILD_TIMEOUT_S,
+        help="stop the analysis after this long and say so (default %(default)g)",
+    )
 
 
 BENCH = Bench("kvgate bench analysis", __doc__ or "", _options, measure)

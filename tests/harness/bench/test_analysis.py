@@ -18,3 +18,18 @@ def test_bench_reports_seconds_and_peak_rss(capsys: pytest.CaptureFixture[str]) 
     assert result["verdict"] == "PASS"
     assert 0 < result["html_bytes"] < 5_000_000
     assert set(result["targets"]) == {"seconds", "peak_rss_gib", "html_bytes"}
+
+
+def test_an_analysis_past_its_time_limit_is_a_message_not_a_traceback(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # A limit no analysis meets: the child is stopped and the bench says what to do.
+    assert main(["--json", "--requests", "5000", "--samples", "3000", "--timeout-s", "0.01"]) == 1
+    err = capsys.readouterr().err
+    assert "did not finish within 0.01 s" in err and "--timeout-s" in err
+    assert "Traceback" not in err
+
+
+def test_bad_sizes_are_usage_errors(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--requests", "0"]) == 2
+    assert "--requests >= 1" in capsys.readouterr().err
