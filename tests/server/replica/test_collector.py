@@ -1,5 +1,5 @@
-"""The step loop's garbage collection: which generation each pass takes, and that the loop
-runs one after its steps and idle ticks (and nowhere else once automatic collection is off)."""
+"""The step loop's garbage collection: when a young and a full pass run, and that the loop
+offers the collector the room of each step and idle tick (and nothing else collects)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from server.replica import collector as collector_mod
-from server.replica.collector import MIDDLE_EVERY, StepCollector
+from server.replica.collector import (
+    FULL_OVERDUE_S,
+    FULL_PERIOD_S,
+    YOUNG_OBJECTS,
+    StepCollector,
+)
+from server.replica.loop import IDLE_TICK_S
 from tests.server.replica.test_loop import _runtime, _submit
 
 
@@ -35,38 +40,47 @@ class FakeGc:
 @pytest.fixture
 def fake_gc(monkeypatch: pytest.MonkeyPatch) -> FakeGc:
     fake = FakeGc()
-    monkeypatch.setattr(collector_mod.gc, "get_count", fake.get_count)
-    monkeypatch.setattr(collector_mod.gc, "collect", fake.collect)
+    # The collector module's `gc` is the process's: patched for this test only.
+    monkeypatch.setattr(gc, "get_count", fake.get_count)
+    monkeypatch.setattr(gc, "collect", fake.collect)
     return fake
 
 
-def test_no_pass_until_enough_young_objects(fake_gc: FakeGc) -> None:
-    c = StepCollector(young_objects=100, full_period_s=1e9)
-    fake_gc.young = 99
-    c.after_step()
+def test_a_young_pass_once_enough_young_objects_piled_up(fake_gc: FakeGc) -> None:
+    c = StepCollector()
+    fake_gc.young = YOUNG_OBJECTS - 1
+    c.collect_in(1.0)
     assert fake_gc.passes == []
-    fake_gc.young = 100
-    c.after_step()
+    fake_gc.young = YOUNG_OBJECTS
+    c.collect_in(0.0)  # a young pass is short: it needs no room
     assert fake_gc.passes == [0]
 
 
-def test_every_tenth_pass_takes_the_middle_generation(fake_gc: FakeGc) -> None:
-    c = StepCollector(young_objects=1, full_period_s=1e9)
-    for _ in range(2 * MIDDLE_EVERY):
-        fake_gc.young = 5
-        c.after_step()
-    expected = ([0] * (MIDDLE_EVERY - 1) + [1]) * 2
-    assert fake_gc.passes == expected
-
-
-def test_a_full_pass_once_its_period_has_passed(fake_gc: FakeGc) -> None:
+def test_a_due_full_pass_waits_for_room_that_fits_it(fake_gc: FakeGc) -> None:
     now = [0.0]
-    c = StepCollector(young_objects=1, full_period_s=10.0, clock=lambda: now[0])
-    for t in (1.0, 9.9, 10.0, 15.0, 20.0):
+    c = StepCollector(full_pass_s=0.020, clock=lambda: now[0])
+    now[0] = FULL_PERIOD_S - 0.1
+    c.collect_in(10.0)  # room, but not due
+    now[0] = FULL_PERIOD_S
+    c.collect_in(0.020)  # due, but the room is no bigger than the pass
+    assert fake_gc.passes == []
+    c.collect_in(0.040)  # a long step: room enough
+    assert fake_gc.passes == [2]
+
+
+def test_an_overdue_full_pass_runs_in_whatever_room_there_is(fake_gc: FakeGc) -> None:
+    now = [0.0]
+    c = StepCollector(full_pass_s=0.020, clock=lambda: now[0])
+    for t in (FULL_PERIOD_S, FULL_OVERDUE_S / 2, FULL_OVERDUE_S - 1):
         now[0] = t
-        fake_gc.young = 5
-        c.after_step()
-    assert fake_gc.passes == [0, 0, 2, 0, 2]
+        c.collect_in(0.001)
+    assert fake_gc.passes == []
+    now[0] = FULL_OVERDUE_S
+    c.collect_in(-0.005)  # even with the next step already late
+    assert fake_gc.passes == [2]
+    now[0] = FULL_OVERDUE_S + FULL_PERIOD_S / 2
+    c.collect_in(10.0)  # the period starts again from that pass
+    assert fake_gc.passes == [2]
 
 
 def test_take_over_freezes_start_up_and_turns_automatic_collection_off() -> None:
@@ -82,10 +96,10 @@ def test_take_over_freezes_start_up_and_turns_automatic_collection_off() -> None
 class CountingCollector(StepCollector):
     def __init__(self) -> None:
         super().__init__()
-        self.calls = 0
+        self.rooms: list[float] = []
 
-    def after_step(self) -> None:
-        self.calls += 1
+    def collect_in(self, room_s: float) -> None:
+        self.rooms.append(room_s)
 
 
 @pytest.fixture
@@ -94,7 +108,9 @@ def restore_gc() -> Iterator[None]:
     assert gc.isenabled(), "the step loop must never change the process's collector itself"
 
 
-def test_the_loop_collects_after_every_step_and_idle_tick(tmp_path: Path, restore_gc: None) -> None:
+def test_the_loop_offers_each_step_and_idle_tick_to_the_collector(
+    tmp_path: Path, restore_gc: None
+) -> None:
     async def go() -> tuple[int, int]:
         rt = _runtime(tmp_path)
         counting = CountingCollector()
@@ -103,12 +119,15 @@ def test_the_loop_collects_after_every_step_and_idle_tick(tmp_path: Path, restor
         streams = [_submit(rt, f"c{i}", 6) for i in range(3)]
         await asyncio.wait_for(asyncio.gather(*(s.wait_done() for s, _ in streams)), 10)
         steps = rt.loop.stats.steps
-        calls_when_done = counting.calls
-        # Idle now: the loop still looks at the queue every tick, and collects after each.
+        offered_when_done = len(counting.rooms)
+        # Idle now: the loop still looks at the queue every tick, and offers the tick.
         await asyncio.sleep(0.3)
         await rt.loop.stop()
-        assert counting.calls > calls_when_done
-        return steps, calls_when_done
+        assert IDLE_TICK_S in counting.rooms[offered_when_done:]
+        # Each step offers what is left of its simulated time: never more than the step.
+        busy = [r for r in counting.rooms[:offered_when_done] if r != IDLE_TICK_S]
+        assert len(busy) >= steps and max(busy) < 1.0
+        return steps, len(busy)
 
-    steps, calls = asyncio.run(go())
-    assert steps > 0 and calls >= steps
+    steps, offered = asyncio.run(go())
+    assert steps > 0 and offered >= steps
