@@ -204,6 +204,9 @@ class RunMeta(_Record):
     load_generator: LoadGeneratorMeta | None = None
     records: Records | None = None
     tables: dict[str, Count] | None = None  # rows per table after compaction
+    # Tokens in one block of the requests' `prompt_blocks` (a replayed trace's own block
+    # size); None when no request carries blocks.
+    prompt_block_tokens: Count | None = None
 
     @classmethod
     def read(cls, meta: dict[str, Any]) -> RunMeta:
