@@ -277,10 +277,11 @@ UNTIL_AFTER_LAST_FAULT_S = 10.0
 class Load(_Strict):
     """Shape and duration. `constant` holds `users`; the others use the workloads' shapes.
 
-    `until: decided` runs the load until every key gate is decided by its anytime-valid
-    bound (harness/live/until.py), at least `min_duration_s` and at most `max_duration_s`;
-    `duration_s` is then only the maximum's default, and is set to the maximum, so every
-    reader of the planned length (the deadline, the console, the evidence checks) reads it."""
+    `until: decided` runs the load until every key gate, and every other blocking gate with
+    data, is decided by its anytime-valid bound (harness/live/until.py), at least
+    `min_duration_s` and at most `max_duration_s`; `duration_s` is then only the maximum's
+    default, and is set to the maximum, so every reader of the planned length (the deadline,
+    the console, the evidence checks) reads it."""
 
     shape: ShapeName = "constant"
     users: int = Field(8, ge=1, le=2000)
@@ -304,7 +305,7 @@ class Load(_Strict):
             if given:
                 verb = "apply" if len(given) > 1 else "applies"
                 raise ValueError(
-                    f"{' and '.join(given)} {verb} only to a load that runs until its key gates "
+                    f"{' and '.join(given)} {verb} only to a load that runs until its gates "
                     "are decided: set until: decided, or give the load's length as duration_s"
                 )
             return self

@@ -201,7 +201,7 @@ def test_until_decided_limits_are_checked_with_what_to_do(tmp_path: Path) -> Non
     with pytest.raises(PlanError) as err:
         load_plan(write(tmp_path, GOOD.replace("duration_s: 10", "min_duration_s: 5")))
     assert (
-        "load: min_duration_s applies only to a load that runs until its key gates are decided: "
+        "load: min_duration_s applies only to a load that runs until its gates are decided: "
         "set until: decided, or give the load's length as duration_s"
     ) in str(err.value)
     with pytest.raises(PlanError, match=r"load\.until: Input should be 'duration' or 'decided'"):
