@@ -197,6 +197,11 @@ class RunMeta(_Record):
     sim_lag_ms_p99: Number | None = None
     sim_lag_ms_max: Number | None = None
     sim_lag_bound_ms: Number | None = None
+    # The plan's bounds on other processes' CPU (samplers.foreign_cpu_bound_share and
+    # samplers.foreign_cpu_window_bound_share): shares of the host's CPUs, which the
+    # host-contention check judges the run's host samples by.
+    foreign_cpu_bound_share: Number | None = None
+    foreign_cpu_window_bound_share: Number | None = None
     # "stress", "idle_before", "after_load": [t0, t1] epoch seconds, or None when not reached
     windows: dict[str, tuple[Number, Number] | None] | None = None
     phases: list[Phase] | None = None

@@ -25,6 +25,7 @@ from pydantic_core import InitErrorDetails
 
 import contract
 from contract import servers
+from contract.host import FOREIGN_MEAN_BOUND_SHARE, FOREIGN_WINDOW_BOUND_SHARE
 from harness.faults.base import FaultSpec
 from harness.faults.registry import FAULT_MODELS, Fault
 
@@ -340,6 +341,8 @@ class Samplers(_Strict):
     prometheus: Interval = Field(default_factory=lambda: Interval(interval_s=1.0))
     events: Interval = Field(default_factory=lambda: Interval(interval_s=0.5))
     process: Interval = Field(default_factory=lambda: Interval(interval_s=1.0))
+    # the host's CPU: kvgate's, the target's and every other process's (harness/samplers/host.py)
+    host: Interval = Field(default_factory=lambda: Interval(interval_s=1.0))
     # the metric families every server profile names (contract/profiles/)
     metric_prefixes: list[str] = Field(
         default_factory=lambda: list(
@@ -350,6 +353,11 @@ class Samplers(_Strict):
     # critical-TTFT gate's ~340 ms margin: in the worst 1% of a run's seconds the simulator
     # may be this late, and no further, without moving a latency verdict by itself.
     sim_lag_bound_ms: float = Field(100.0, gt=0)
+    # The share of the host's CPUs other processes may use, on average over the load and in
+    # any 10 s of it, before the run is INVALID (gates/evidence/checks_host.py says why these
+    # numbers). 1 never invalidates: other processes cannot use more than every CPU.
+    foreign_cpu_bound_share: float = Field(FOREIGN_MEAN_BOUND_SHARE, gt=0, le=1)
+    foreign_cpu_window_bound_share: float = Field(FOREIGN_WINDOW_BOUND_SHARE, gt=0, le=1)
 
 
 class Misconfiguration(_Strict):
