@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 CHROMIUM := /usr/bin/chromium
 PLAN ?= harness/plans/ci.yaml
 
-.PHONY: run test test-engines lint typecheck browser clean vllm
+.PHONY: run test test-engines lint typecheck browser clean vllm transformers
 # The suite runs as two pytest processes at once: the slow end-to-end files (mostly waiting
 # on their loads) beside everything else, which nearly halves its wall time on two cores.
 # (pytest-xdist cannot: its workers wait on threads that gevent's monkey-patching, which
@@ -30,6 +30,11 @@ browser:
 vllm:
 	$(PYTHON) tools/vllm_setup.py
 
+# `transformers serve` and the tiny model, a second real serving stack, in a venv of its own
+# in $XDG_CACHE_HOME/kvgate (about a minute from scratch; a second once installed).
+transformers:
+	$(PYTHON) tools/transformers_serve.py setup
+
 run: $(STAMP)
 	$(BIN)/kvgate run $(PLAN)
 
@@ -43,9 +48,10 @@ test: $(STAMP) browser
 	wait $$e2e; slow=$$?; echo "--- the slow end-to-end files:"; cat $(E2E_LOG); \
 	rm -rf $(E2E_LOG) $$tmp; test $$rest -eq 0 && test $$slow -eq 0
 
-# The real-engine tests (tests/real): vLLM's CPU build judged by the gates, its
-# misconfigurations caught. `make test` leaves them out; .ci/run runs them after it.
-test-engines: $(STAMP) vllm
+# The real-engine tests (tests/real): vLLM's CPU build and `transformers serve` judged by
+# the gates, their misconfigurations caught. `make test` leaves them out; .ci/run runs them
+# after it.
+test-engines: $(STAMP) vllm transformers
 	$(BIN)/pytest -q -m real_engine tests/real
 
 lint: $(STAMP)

@@ -52,6 +52,14 @@ class RequestRecord:
     asked_priority: str | None = None  # the X-Priority header sent (None when none was)
     probe: str | None = None  # a security probe's role, one of PROBE_ROLES (None: ordinary)
     probe_group: str | None = None  # links the requests of one private-prefix probe
+    # An open-loop request's planned send time (epoch s): a trace replay sends each request
+    # at its trace's arrival, and t_send - t_scheduled is how late it went. None for requests
+    # of closed-loop users, which have no schedule to keep.
+    t_scheduled: float | None = None
+    # The prompt's prefix blocks as ids, space-separated: equal ids are identical blocks, so
+    # two prompts share a prefix exactly as far as their ids agree (a trace's `hash_ids`).
+    # meta.json's `prompt_block_tokens` says how many tokens a block holds.
+    prompt_blocks: str | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

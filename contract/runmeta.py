@@ -126,9 +126,11 @@ class Aborted(_Record):
 
 
 class UntilGate(_Record):
-    """A key gate as the last look of a `load.until: decided` load saw it (gates/standing.py)."""
+    """A gate that held a `load.until: decided` load open (a key gate, or a blocking gate
+    with data), as the last look saw it (gates/standing.py)."""
 
     id: Text
+    key: Flag | None = None  # a key gate (records written before blocking gates held: absent)
     decision: Literal["PASS", "FAIL", "UNDECIDED", "N/A"]
     settled: Flag  # by its anytime bound, by observation (a count, a max), or N/A
     settled_by: Text | None = None
@@ -138,18 +140,18 @@ class UntilGate(_Record):
 
 
 class Until(_Record):
-    """How a load that runs until its key gates are decided ended (harness/live/until.py):
-    the rule and its limits, whether every key gate was decided at one look, when, and why
-    the load stopped; the key gates as that look, or the last one, saw them."""
+    """How a load that runs until its gates are decided ended (harness/live/until.py): the
+    rule and its limits, whether every gate that held it open was decided at one look, when,
+    and why the load stopped; those gates as that look, or the last one, saw them."""
 
     rule: Literal["decided"] = "decided"
     min_duration_s: Number
     max_duration_s: Number
-    decided: Flag  # every key gate settled at one look (or one decided FAIL)
+    decided: Flag  # every held gate settled at one look (or one decided FAIL)
     decided_at_s: Number | None = None  # seconds into the load of the look that decided
     looked_at_s: Number | None = None  # seconds into the load of the last look
     looks: Count = 0
-    resumed: Count = 0  # boundaries at which a key gate was still undecided: the shape went on
+    resumed: Count = 0  # boundaries at which a held gate was still undecided: the shape went on
     stopped_at_s: Number | None = None  # seconds into the load; None while it runs
     stopped_because: Text | None = None
     gates: list[UntilGate] | None = None
@@ -195,6 +197,11 @@ class RunMeta(_Record):
     sim_lag_ms_p99: Number | None = None
     sim_lag_ms_max: Number | None = None
     sim_lag_bound_ms: Number | None = None
+    # The plan's bounds on other processes' CPU (samplers.foreign_cpu_bound_share and
+    # samplers.foreign_cpu_window_bound_share): shares of the host's CPUs, which the
+    # host-contention check judges the run's host samples by.
+    foreign_cpu_bound_share: Number | None = None
+    foreign_cpu_window_bound_share: Number | None = None
     # "stress", "idle_before", "after_load": [t0, t1] epoch seconds, or None when not reached
     windows: dict[str, tuple[Number, Number] | None] | None = None
     phases: list[Phase] | None = None
@@ -204,6 +211,9 @@ class RunMeta(_Record):
     load_generator: LoadGeneratorMeta | None = None
     records: Records | None = None
     tables: dict[str, Count] | None = None  # rows per table after compaction
+    # Tokens in one block of the requests' `prompt_blocks` (a replayed trace's own block
+    # size); None when no request carries blocks.
+    prompt_block_tokens: Count | None = None
 
     @classmethod
     def read(cls, meta: dict[str, Any]) -> RunMeta:

@@ -141,18 +141,30 @@ def needs_n(
     return needed
 
 
-def healthy_needs_n(threshold: Threshold, min_samples: int, confidence: float) -> int | None:
+def healthy_needs_n(
+    threshold: Threshold, min_samples: int, confidence: float, anytime: bool = False
+) -> int | None:
     """Samples a PASS needs when every observation is on the pass side of the line, as on a
     healthy system: what a plan must deliver before its load starts (harness/sampleplan/).
 
     The same searches as `needs_n`, at the best a sample can show: a rate of all successes
     (`rate >= 0.99` at 95% needs 381), every observation inside a percentile's line (368 for
     p(99), 72 for p(95)); an exact statistic (count, max, min, sum) needs `min_samples`.
-    None when no count can be named before the data: a mean's or a slope's interval depends
-    on the observations' spread, and a line no sample could prove is out of reach."""
+    `anytime`: what the anytime-valid bound needs instead (gates/sequential.py), which a load
+    that runs until decided waits for (607 for `rate >= 0.99`). None when no count can be
+    named before the data: a mean's or a slope's interval depends on the observations'
+    spread, and a line no sample could prove is out of reach."""
     statistic = threshold.statistic
     if statistic in ("mean", "slope"):
         return None
+    if anytime and statistic in ("p", "rate"):
+        from gates import sequential
+
+        healthy = _healthy_observation(threshold)
+        needs = sequential.needs_n(
+            np.array([healthy]), threshold, 1 - confidence, min_samples=min_samples
+        )
+        return None if needs is None else max(needs, min_samples)
     if statistic == "p":
         assert threshold.quantile is not None
         by_interval = stats.order_needs_n(
@@ -174,3 +186,11 @@ def healthy_needs_n(threshold: Threshold, min_samples: int, confidence: float) -
 
 def _holds(threshold: Threshold, value: float) -> bool:
     return not math.isnan(value) and threshold.holds(value)
+
+
+def _healthy_observation(threshold: Threshold) -> float:
+    """One observation well on the pass side of the line: a success for a rate that must be
+    high, a failure-free 0 for one that must be low, 0 for a latency under its line."""
+    if threshold.statistic == "rate":
+        return 1.0 if threshold.op in (">", ">=") else 0.0
+    return 0.0 if threshold.higher_is_worse else 2.0 * abs(threshold.value) + 1.0

@@ -1,10 +1,10 @@
 """A gate's standing while the load runs, by its anytime-valid bound (gates/sequential.py):
 its decision, on how many observations, about how many it needs, and whether it is settled
-for a load that runs until its key gates are decided (`load.until: decided`); and the notes
+for a load that runs until its gates are decided (`load.until: decided`); and the notes
 a verdict gives on how such a load ended, from the record meta.json keeps of it.
 
 The running check (harness/live/watch.py) computes a standing per gate it judges; the stop
-rule (harness/live/until.py) reads the key gates' `settled` and `decision`.
+rule (harness/live/until.py) reads the key and blocking gates' `settled` and `decision`.
 """
 
 from __future__ import annotations
@@ -103,7 +103,8 @@ def _number(value: float) -> str:
 
 def until_notes(meta: Mapping[str, Any], results: Sequence[GateResult]) -> list[str]:
     """What a verdict says of a `load.until: decided` load, from meta.json's `until`: why it
-    stopped, and each key gate still undecided at its last look, with the n it had and the n
+    stopped, and each gate that held it and was still undecided at its last look (a key gate,
+    or a blocking gate with data), with the n it had and the n
     a decision needed (by the anytime bound; and by the fixed-n interval the verdict judges
     with, where that differs). Nothing for a load of fixed length."""
     record = meta.get("until")
@@ -123,7 +124,7 @@ def until_notes(meta: Mapping[str, Any], results: Sequence[GateResult]) -> list[
     looked = record.get("looked_at_s")
     when = f" at its last look (+{float(looked):.0f} s)" if isinstance(looked, int | float) else ""
     parts = [_waiting(g, fixed.get(str(g.get("id")))) for g in waiting]
-    return [f"{head}; key gates undecided{when}: {'; '.join(parts)}"]
+    return [f"{head}; gates undecided{when}: {'; '.join(parts)}"]
 
 
 def _waiting(gate: Mapping[str, Any], fixed_needs: int | None) -> str:

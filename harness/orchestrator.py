@@ -42,7 +42,7 @@ from harness.loadgen import Distribution, LoadGenerator
 from harness.plan import ExternalTarget, Plan, VllmTarget
 from harness.release_probe import PROBE_MAX_TOKENS, ProbeSpec, prompt_tokens_for, run_probes
 from harness.samplers.nvml import describe_gpus, load_pynvml
-from harness.samplers.process import SamplerConfig
+from harness.samplers.process import OWN_ROLE, SamplerConfig
 from harness.sink import RecordSink
 from harness.target import Deployment, ManagedVllmDeployment, RunningTarget, make_deployment
 from harness.traffic import build_shape, build_user_classes, target_profile
@@ -170,10 +170,11 @@ class Orchestrator:
                 ("prometheus", s.prometheus),
                 ("events", s.events),
                 ("process", s.process),
+                ("host", s.host),
             )
         }
         reference = self.target.kind == "reference"
-        watch = {"harness": os.getpid()}
+        watch = {OWN_ROLE: os.getpid()}
         if self.target.gateway_pid:
             watch["gateway"] = self.target.gateway_pid
         pidfiles: dict[str, str] = {}
@@ -534,6 +535,8 @@ class Orchestrator:
             sim_lag_ms_p99=lag["p99"],
             sim_lag_ms_max=lag["max"],
             sim_lag_bound_ms=self.plan.samplers.sim_lag_bound_ms,
+            foreign_cpu_bound_share=self.plan.samplers.foreign_cpu_bound_share,
+            foreign_cpu_window_bound_share=self.plan.samplers.foreign_cpu_window_bound_share,
             windows=self._windows(),
             phases=phases,
             capacity=capacity,

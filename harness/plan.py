@@ -25,6 +25,7 @@ from pydantic_core import InitErrorDetails
 
 import contract
 from contract import servers
+from contract.host import FOREIGN_MEAN_BOUND_SHARE, FOREIGN_WINDOW_BOUND_SHARE
 from harness.faults.base import FaultSpec
 from harness.faults.registry import FAULT_MODELS, Fault
 
@@ -277,10 +278,11 @@ UNTIL_AFTER_LAST_FAULT_S = 10.0
 class Load(_Strict):
     """Shape and duration. `constant` holds `users`; the others use the workloads' shapes.
 
-    `until: decided` runs the load until every key gate is decided by its anytime-valid
-    bound (harness/live/until.py), at least `min_duration_s` and at most `max_duration_s`;
-    `duration_s` is then only the maximum's default, and is set to the maximum, so every
-    reader of the planned length (the deadline, the console, the evidence checks) reads it."""
+    `until: decided` runs the load until every key gate, and every other blocking gate with
+    data, is decided by its anytime-valid bound (harness/live/until.py), at least
+    `min_duration_s` and at most `max_duration_s`; `duration_s` is then only the maximum's
+    default, and is set to the maximum, so every reader of the planned length (the deadline,
+    the console, the evidence checks) reads it."""
 
     shape: ShapeName = "constant"
     users: int = Field(8, ge=1, le=2000)
@@ -304,7 +306,7 @@ class Load(_Strict):
             if given:
                 verb = "apply" if len(given) > 1 else "applies"
                 raise ValueError(
-                    f"{' and '.join(given)} {verb} only to a load that runs until its key gates "
+                    f"{' and '.join(given)} {verb} only to a load that runs until its gates "
                     "are decided: set until: decided, or give the load's length as duration_s"
                 )
             return self
@@ -339,6 +341,8 @@ class Samplers(_Strict):
     prometheus: Interval = Field(default_factory=lambda: Interval(interval_s=1.0))
     events: Interval = Field(default_factory=lambda: Interval(interval_s=0.5))
     process: Interval = Field(default_factory=lambda: Interval(interval_s=1.0))
+    # the host's CPU: kvgate's, the target's and every other process's (harness/samplers/host.py)
+    host: Interval = Field(default_factory=lambda: Interval(interval_s=1.0))
     # the metric families every server profile names (contract/profiles/)
     metric_prefixes: list[str] = Field(
         default_factory=lambda: list(
@@ -351,6 +355,11 @@ class Samplers(_Strict):
     # simulator's own stalls; a replica at 500 streams on a quiet machine stays within a
     # quarter of it (`kvgate bench server`: p99 <= 5 ms).
     sim_lag_bound_ms: float = Field(20.0, gt=0)
+    # The share of the host's CPUs other processes may use, on average over the load and in
+    # any 10 s of it, before the run is INVALID (gates/evidence/checks_host.py says why these
+    # numbers). 1 never invalidates: other processes cannot use more than every CPU.
+    foreign_cpu_bound_share: float = Field(FOREIGN_MEAN_BOUND_SHARE, gt=0, le=1)
+    foreign_cpu_window_bound_share: float = Field(FOREIGN_WINDOW_BOUND_SHARE, gt=0, le=1)
 
 
 class Misconfiguration(_Strict):

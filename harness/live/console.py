@@ -1,5 +1,5 @@
 """Live console progress (rich): elapsed of planned time, users, req/s, TTFT p95, pool, faults,
-and, for a load that runs until its key gates are decided, how far each is from a decision.
+and, for a load that runs until its gates are decided, how far each is from a decision.
 
 Runs as a greenlet in the Locust process and refreshes by hand (no rich refresh thread).
 Pool usage is read from the tail of `samples.jsonl`, which the sampler process writes, so
@@ -64,12 +64,12 @@ class Snapshot:
     rejections: int
     errors: int
     faults: str
-    decided: str | None = None  # load.until: decided: the key gates' way to a decision
+    decided: str | None = None  # load.until: decided: the held gates' way to a decision
 
     def line(self) -> str:
         ttft = f"{self.ttft_p95_s * 1000:.0f} ms" if self.ttft_p95_s is not None else "-"
         pool = f"{self.pool_usage:.0%}" if self.pool_usage is not None else "-"
-        decided = f" key_gates=[{self.decided}]" if self.decided else ""
+        decided = f" until=[{self.decided}]" if self.decided else ""
         return (
             f"[{self.phase}] {self.elapsed_s:.0f}/{self.planned_s:.0f}s users={self.users} "
             f"req/s={self.rps:.1f} ttft_p95={ttft} pool={pool} requests={self.requests} "
@@ -94,7 +94,7 @@ class Snapshot:
             ("faults fired", self.faults),
         ]
         if self.decided:
-            rows.append(("key gates (until decided)", self.decided))
+            rows.append(("gates (until decided)", self.decided))
         for name, value in rows:
             table.add_row(name, value)
         return table

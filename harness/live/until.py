@@ -1,10 +1,14 @@
 """`load.until: decided`: the one rule that says when such a load stops, and its record.
 
-The running check (harness/live/watch.py) judges the key gates every few seconds and hands
-each look to `UntilDecided.look`; the load loop asks `tick` whether to stop now. A look
-settles the load when every key gate is settled at it (gates/standing.py: decided by its
-anytime-valid bound, or, for a count or a maximum, observed with its minimum samples), on
-records that hold everything the decision is about:
+The running check (harness/live/watch.py) judges the gates that can block a release every few
+seconds and hands each look to `UntilDecided.look`; the load loop asks `tick` whether to stop
+now. The gates that hold the load open are the key gates, always, and every other blocking
+gate once it has data: a blocking gate without its samples makes the verdict MARGINAL, which
+more load would have settled, while one the load has not provoked at all (no preemption, no
+probe) is left to the verdict's own rule for missing data, since waiting would only run the
+load to its maximum. A look settles the load when every gate it holds is settled at it
+(gates/standing.py: decided by its anytime-valid bound, or, for a count or a maximum, observed
+with its minimum samples), on records that hold everything the decision is about:
 
 - a constant load, or a soak, stops on the first look begun at min_duration_s or later that
   settles it (every fault has fired by then); a soak then runs its cooldown;
@@ -14,7 +18,7 @@ records that hold everything the decision is about:
   users there, and a look begun at the boundary decides: settled, the load stops; else the
   shape resumes for another whole cycle (or step), and so on until max_duration_s.
 
-A key gate decided FAIL, at any look, is a decision too: it stops the load once
+A blocking gate decided FAIL, at any look, is a decision too: it stops the load once
 min_duration_s has passed, at once, since no more evidence would change it and the run fails
 anyway. At max_duration_s the load stops whatever the gates say (the load generator's
 deadline), and the record says which were still undecided. The verdict still judges
@@ -47,7 +51,8 @@ class Boundaries(Protocol):
 
 
 class UntilDecided:
-    """Owns the decision to stop a load that runs until its key gates are decided.
+    """Owns the decision to stop a load that runs until the gates that can block a release
+    are decided.
 
     Invariants: it never stops the load before `min_s`; it stops a shape with phases only
     once the shape holds at a boundary and a look begun there settled the load (a FAIL
@@ -63,11 +68,17 @@ class UntilDecided:
     ) -> None:
         assert min_s <= max_s, "the plan's validation keeps min_duration_s <= max_duration_s"
         self.key = [g.id for g in gates if g.key]
-        if not self.key:
-            log.warning("load.until decided: the gate file has no key gate; stops at the minimum")
+        # the other gates whose FAIL fails the run: they hold the load once they have data
+        self.blocking = [g.id for g in gates if g.blocking and not g.key]
+        self.held = self.key + self.blocking
+        if not self.held:
+            log.warning(
+                "load.until decided: the gate file has no key or blocking gate; stops at the "
+                "minimum"
+            )
         self.min_s, self.max_s = min_s, max_s
         self.shape = shape
-        self.gates: dict[str, dict[str, Any]] = {}  # the last look, by key gate id
+        self.gates: dict[str, dict[str, Any]] = {}  # the last look, by held gate id
         self.looks = 0
         self.looked_at_s: float | None = None
         self.decided_at_s: float | None = None
@@ -98,25 +109,34 @@ class UntilDecided:
         the live page show."""
         began = at_s if began_s is None else began_s
         seen = {str(r.get("id")): r for r in results}
-        self.gates = {gid: seen[gid] for gid in self.key if gid in seen}
+        self.gates = {gid: seen[gid] for gid in self.held if gid in seen}
         self.looks += 1
         self.looked_at_s = at_s
         if self.reason is not None:
             return
         failed = [gid for gid, r in self.gates.items() if r.get("decision") == "FAIL"]
-        settled = len(self.gates) == len(self.key) and all(
-            r.get("settled") for r in self.gates.values()
+        settled = all(gid in self.gates for gid in self.key) and all(
+            r.get("settled") for gid, r in self.gates.items() if self._holds(gid, r)
         )
         if failed:
             self.failed = True
-            self._decide(at_s, f"key gate {', '.join(failed)} decided FAIL at +{at_s:.0f} s")
+            kind = "key gate" if all(gid in self.key for gid in failed) else "blocking gate"
+            self._decide(at_s, f"{kind} {', '.join(failed)} decided FAIL at +{at_s:.0f} s")
         elif not self._at_boundaries:
             if settled and began >= self.min_s:  # its records hold every fault
-                self._decide(at_s, f"every key gate decided at +{at_s:.0f} s")
+                self._decide(at_s, f"every key and blocking gate decided at +{at_s:.0f} s")
         elif self._parked_at is not None and began >= self._parked_at:
             self._at_boundary(at_s, settled)
         elif settled:
             self._boundary_asked = True
+
+    def _holds(self, gate_id: str, result: dict[str, Any] | None) -> bool:
+        """Whether a gate holds the load open: a key gate always; another blocking gate once
+        it has examined a record (one the load never provoked is left to its missing-data
+        rule)."""
+        if gate_id in self.key:
+            return True
+        return result is not None and int(result.get("n") or 0) > 0
 
     def _decide(self, at_s: float, reason: str) -> None:
         self.decided_at_s, self.reason = at_s, reason
@@ -124,7 +144,9 @@ class UntilDecided:
     def _at_boundary(self, at_s: float, settled: bool) -> None:
         """The look begun at the boundary: it decides, or the shape goes on a whole cycle."""
         if settled:
-            self._decide(at_s, f"every key gate decided at the boundary at +{at_s:.0f} s")
+            self._decide(
+                at_s, f"every key and blocking gate decided at the boundary at +{at_s:.0f} s"
+            )
             return
         assert self.shape is not None
         self.shape.resume()
@@ -167,10 +189,10 @@ class UntilDecided:
         elif shape_ended:
             self.stopped_because = (
                 "its shape ended by itself (no further whole cycle or step fits before "
-                "max_duration_s, or a ramp found its knee) with key gates undecided"
+                "max_duration_s, or a ramp found its knee) with gates undecided"
             )
         else:
-            self.stopped_because = "it reached max_duration_s with key gates undecided"
+            self.stopped_because = "it reached max_duration_s with gates undecided"
 
     def record(self) -> dict[str, Any]:
         """meta.json's `until` (contract/runmeta.py's Until)."""
@@ -185,19 +207,24 @@ class UntilDecided:
             "resumed": self.resumed,
             "stopped_at_s": self.stopped_at_s,
             "stopped_because": self.stopped_because,
-            "gates": [_gate_record(gid, self.gates.get(gid)) for gid in self.key],
+            "gates": self.progress(),
         }
 
     def progress(self) -> list[dict[str, Any]]:
-        """Each key gate's way to a decision, for the console and the live page."""
-        return [_gate_record(gid, self.gates.get(gid)) for gid in self.key]
+        """Each held gate's way to a decision, for the record, the console and the live page:
+        the key gates, then the blocking gates that have data."""
+        return [
+            _gate_record(gid, self.gates.get(gid), key=gid in self.key)
+            for gid in self.held
+            if self._holds(gid, self.gates.get(gid))
+        ]
 
     def label(self) -> str:
-        """One line for the console: how many key gates are settled, and what the others
+        """One line for the console: how many held gates are settled, and what the others
         have and need."""
         gates = self.progress()
         if self.looks == 0:
-            return f"{len(gates)} key gates, not judged yet"
+            return f"{len(self.key)} key and {len(self.blocking)} blocking gates, not judged yet"
         done = sum(bool(g["settled"]) for g in gates)
         text = f"{done}/{len(gates)} settled"
         if self.reason is not None:
@@ -216,11 +243,12 @@ class UntilDecided:
         return f"{text}; a look begun after +{self.min_s:.0f} s decides"
 
 
-def _gate_record(gate_id: str, result: dict[str, Any] | None) -> dict[str, Any]:
-    """One key gate as meta.json's UntilGate keeps it (not judged yet: UNDECIDED at n 0)."""
+def _gate_record(gate_id: str, result: dict[str, Any] | None, key: bool) -> dict[str, Any]:
+    """One held gate as meta.json's UntilGate keeps it (not judged yet: UNDECIDED at n 0)."""
     result = result or {}
     return {
         "id": gate_id,
+        "key": key,
         "decision": result.get("decision") or "UNDECIDED",
         "settled": bool(result.get("settled")),
         "settled_by": result.get("settled_by"),

@@ -9,8 +9,9 @@ which keep their error rate however often the check looks. A gate with `abort_on
 has clearly failed (`clearly_failed`: decided FAIL by its anytime bound), `abort_grace_s` or
 more into the load, stops the load; the run is then torn down, judged and reported as usual,
 and its verdict is FAIL with the reason (gates/evaluator.py reads meta.json's `aborted`).
-A load that runs until its key gates are decided (`load.until: decided`) hands each look to
-its stop rule (harness/live/until.py). The live page shows each gate's decision so far.
+A load that runs until its gates are decided (`load.until: decided`) hands each look, which
+then judges every key and blocking gate, to its stop rule (harness/live/until.py). The live
+page shows each gate's decision so far.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ class RunWatch:
         report_every_s: float | None,
         write_meta: Callable[[], None],
         all_gates: bool = False,  # judge every gate, for the live page (`latest`)
-        until: UntilDecided | None = None,  # load.until: decided, judging the key gates too
+        until: UntilDecided | None = None,  # load.until: decided, judging the blocking gates too
     ) -> None:
         self.run_dir = run_dir
         self.gates_file = gates_file
@@ -65,8 +66,8 @@ class RunWatch:
         return checking or self.report_every_s is not None
 
     def tick(self, elapsed_s: float) -> str | None:
-        """Why the load must stop now (a gate with abort_on_fail failed, or the key gates of
-        a load that runs until decided are), or None."""
+        """Why the load must stop now (a gate with abort_on_fail failed, or the gates of a
+        load that runs until decided are decided), or None."""
         reason = self._read_check(elapsed_s)
         if reason:
             return reason
@@ -115,7 +116,7 @@ class RunWatch:
         if what == "check" and self.all_gates:
             cmd.append("--all")
         elif what == "check" and self.until is not None:
-            cmd.append("--key")
+            cmd.append("--blocking")
         return subprocess.Popen(
             cmd,
             stdout=subprocess.PIPE,
@@ -144,17 +145,20 @@ def clearly_failed(result: dict[str, Any], gate: GateSpec) -> bool:
 
 
 def _check(
-    run_dir: Path, gates_file: Path | None, every: bool, key: bool = False
+    run_dir: Path, gates_file: Path | None, every: bool, blocking: bool = False
 ) -> list[dict[str, Any]]:
-    """Each gate with abort_on_fail (`key`: and each key gate; `every`: every gate) judged on
-    the run so far: its fixed-n status and its anytime standing (gates/standing.py)."""
+    """Each gate with abort_on_fail (`blocking`: and each gate that blocks, key gates among
+    them; `every`: every gate) judged on the run so far: its fixed-n status and its anytime
+    standing (gates/standing.py)."""
     from gates.evaluator import judge_observed
     from gates.rundir import load_run
     from gates.standing import standing
 
     run = load_run(run_dir)
     gates = [
-        g for g in load_gate_file(gates_file).gates if every or g.abort_on_fail or (key and g.key)
+        g
+        for g in load_gate_file(gates_file).gates
+        if every or g.abort_on_fail or (blocking and (g.key or g.blocking))
     ]
     checked = []
     for gate in gates:
@@ -178,7 +182,8 @@ def _check(
 def main(argv: Sequence[str]) -> int:
     if len(argv) < 3 or argv[0] not in ("check", "report"):
         print(
-            "usage: python -m harness.live.watch check|report RUN_DIR GATES|builtin [--all|--key]",
+            "usage: python -m harness.live.watch check|report RUN_DIR GATES|builtin "
+            "[--all|--blocking]",
             file=sys.stderr,
         )
         return 2
@@ -186,7 +191,8 @@ def main(argv: Sequence[str]) -> int:
     gates_file = None if argv[2] == "builtin" else Path(argv[2])
     if argv[0] == "check":
         options = argv[3:]
-        print(json.dumps(_check(run_dir, gates_file, "--all" in options, "--key" in options)))
+        every, blocking = "--all" in options, "--blocking" in options
+        print(json.dumps(_check(run_dir, gates_file, every, blocking)))
         return 0
     from reports import write_reports
 

@@ -11,8 +11,8 @@ through its Flask app, a blueprint with
   "decision", "bound_text", "key", "n", "needs_n", "settled", ...}],
   "until": {"text", "gates": [{"id", "decision", "settled", "n", "needs_n", ...}]} or
   null, "samples": {...}, "faults": [...], "fault_kinds": [...], "stopping"}`; `until`
-  is, for a load that runs until its key gates are decided (`load.until: decided`,
-  harness/live/until.py), where the stop rule stands and each key gate's way to a
+  is, for a load that runs until its gates are decided (`load.until: decided`,
+  harness/live/until.py), where the stop rule stands and each held gate's way to a
   decision (n so far, about how many it needs);
 - `POST /kvgate/stop`: a graceful stop; the run is still judged and reported;
 - `POST /kvgate/fault` (`{"kind": K}`): the plan's first fault of kind K, now, journaled.

@@ -92,8 +92,10 @@ class GateNeed:
         return self.needed / rate if rate > 0 else math.inf
 
 
-def needed(gate: GateSpec) -> int | None:
-    return healthy_needs_n(gate.pass_, gate.min_samples, gate.confidence)
+def needed(gate: GateSpec, anytime: bool = False) -> int | None:
+    """The samples a healthy run needs: for the verdict's fixed-n interval, or (`anytime`,
+    a load that runs until decided) for the anytime-valid bound the stop rule waits for."""
+    return healthy_needs_n(gate.pass_, gate.min_samples, gate.confidence, anytime=anytime)
 
 
 def not_applicable(gate: GateSpec, given: frozenset[str], profile: ServerProfile) -> str | None:

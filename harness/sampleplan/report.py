@@ -38,6 +38,8 @@ class SamplePlan:
     traffic: TrafficModel
     measured: Measured | None = None
     notes: list[str] = field(default_factory=list)
+    # load.until: decided: needs are the anytime-valid bound's, within up to load_s of load
+    anytime: bool = False
 
     @property
     def key(self) -> list[GateNeed]:
@@ -67,6 +69,7 @@ class SamplePlan:
             "load_s": round(self.load_s, 1),
             "latency_assumed": self.traffic.speed.basis,
             "from": self.measured.name if self.measured else None,
+            "until_decided": self.anytime,
             "gates": [_gate_dict(g) for g in self.gates],
             "load_needed_s": _rounded(self.load_needed_s()),
             "notes": self.notes,
@@ -112,6 +115,7 @@ def sample_plan(
     given = profile.provides
     if isinstance(plan.target, VllmTarget) and plan.target.record_events:
         given |= RECORDER_GIVES
+    anytime = plan.load.until == "decided"
     gates = []
     for gate in gate_file.gates:
         if not (gate.key or gate.blocking):
@@ -125,7 +129,7 @@ def sample_plan(
                 gate.key,
                 gate.blocking,
                 gate.pass_.text,
-                needed(gate),
+                needed(gate, anytime),
                 guess,
                 not_applicable(gate, given, profile),
             )
@@ -133,7 +137,9 @@ def sample_plan(
     notes = list(traffic.notes)
     if measured is not None and measured.note:
         notes.append(f"{measured.name}: {measured.note}")
-    return SamplePlan(plan.name, plan.load.shape, traffic.load_s, gates, traffic, measured, notes)
+    return SamplePlan(
+        plan.name, plan.load.shape, traffic.load_s, gates, traffic, measured, notes, anytime
+    )
 
 
 def _count(n: float | None) -> str:
@@ -165,9 +171,15 @@ def _reach_text(g: GateNeed, load_s: float) -> str:
 def table(sp: SamplePlan) -> str:
     """The full table: key gates, then the other blocking gates, with footnotes."""
     lines = [
-        f"sample plan for {sp.plan}: {sp.load_s:.0f} s of load ({sp.shape})"
+        f"sample plan for {sp.plan}: {_length(sp)} of load ({sp.shape})"
         + (f", measured by {sp.measured.name}" if sp.measured else "")
     ]
+    if sp.anytime:
+        lines.append(
+            "load.until: decided: the load runs until each gate below is decided by its "
+            "anytime-valid bound, so `needs` is that bound's, more than the verdict's fixed-n "
+            "interval needs"
+        )
     header = ("gate", "line", "needs", "expects", "time needed", "verdict")
     groups = (
         ("key gates (without their samples the run is INVALID)", [g for g in sp.gates if g.key]),
@@ -222,12 +234,17 @@ def _footnotes(sp: SamplePlan) -> list[str]:
     return lines
 
 
+def _length(sp: SamplePlan) -> str:
+    return f"up to {sp.load_s:.0f} s" if sp.anytime else f"{sp.load_s:.0f} s"
+
+
 def _summary(sp: SamplePlan) -> str:
     short = sp.short
     if short:
         needed = sp.load_needed_s()
+        key = "load.max_duration_s" if sp.anytime else "load.duration_s"
         longer = (
-            f"; at this mix the load needs about {math.ceil(needed)} s (load.duration_s)"
+            f"; at this mix the load needs about {math.ceil(needed)} s ({key})"
             if needed is not None
             else ""
         )
@@ -245,7 +262,7 @@ def _summary(sp: SamplePlan) -> str:
 def compact(sp: SamplePlan) -> list[str]:
     """A few lines for `kvgate run` to print before the load: each key gate's need."""
     basis = "measured by " + sp.measured.name if sp.measured else "assumed latencies"
-    lines = [f"samples a PASS needs in {sp.load_s:.0f} s of load ({basis}):"]
+    lines = [f"samples a PASS needs in {_length(sp)} of load ({basis}):"]
     width = max((len(g.gate) for g in sp.key), default=0)
     for g in sp.key:
         text = f"  {g.gate.ljust(width)}  needs {_count(g.needed)}, expects {_count(g.expected.n)}"

@@ -89,7 +89,7 @@ def assumed_speed(plan: Plan) -> Speed:
     if isinstance(target, VllmTarget) and target.device == "cpu":
         return _speed(VLLM_CPU_SPEED, "vLLM's CPU build")
     assert isinstance(target, ExternalTarget)
-    return _speed(SERVER_SPEED, f"a {target.kind} server")
+    return _speed(SERVER_SPEED, f"a server of kind {target.kind}")
 
 
 def _speed(figures: tuple[float, float, float], basis: str, scale: float = 1.0) -> Speed:

@@ -26,10 +26,15 @@ from gates import schema
 from harness.jsonl import JsonlTail
 from harness.rundir import TableWriter
 from harness.samplers.events import EventCollector, LifecycleMonitor, Replica, ReplicaTable
+from harness.samplers.host import HostCpuSampler, TargetFinder
 from harness.samplers.nvml import NvmlSampler, load_pynvml
 from harness.samplers.prometheus import Endpoint, PrometheusSampler, Row, error_row
 
 log = logging.getLogger("kvgate.samplers")
+
+# The role of the kvgate run process itself among the watched processes; every other role
+# is the target's (its gateway, its server process, a replica).
+OWN_ROLE = "harness"
 
 
 @dataclass(slots=True)
@@ -46,13 +51,14 @@ class SamplerConfig:
     # role -> pidfile, read at every sample (an external server's process, across restarts);
     # a watched process that disappears is recorded once as `process_died`
     watch_pidfiles: dict[str, str] = field(default_factory=dict)
-    intervals: dict[str, float] = field(default_factory=dict)  # nvml, prometheus, events, process
+    # nvml, prometheus, events, process, host
+    intervals: dict[str, float] = field(default_factory=dict)
     metric_prefixes: list[str] = field(default_factory=list)
     # a managed vLLM: the JSON-lines file its scheduler recorder writes, and the kvgate
     # priority each of its integer priorities stands for (the profile's mapping, inverted)
     engine_events: str | None = None
     engine_priorities: dict[str, str] = field(default_factory=dict)
-    parent_pid: int = 0
+    parent_pid: int = 0  # the kvgate run process: its tree is kvgate's own CPU (host sampler)
     max_runtime_s: float = 3600.0
 
     def save(self, path: Path) -> None:
@@ -238,6 +244,15 @@ class SamplerProcess:
         if iv.get("process"):
             procs = ProcessSampler(self._roles)
             loops["process"] = (iv["process"], lambda: self.samples.write_many(procs.sample()))
+        if iv.get("host"):
+            host = HostCpuSampler(
+                self.config.parent_pid,
+                TargetFinder(
+                    lambda: [pid for role, pid in self._roles().items() if role != OWN_ROLE],
+                    self.config.external_url or self.config.gateway_url,
+                ),
+            )
+            loops["host"] = (iv["host"], lambda: self.samples.write_many(host.sample()))
         if iv.get("events") and ((self.lifecycle and self.collector) or self.engine):
             loops["events"] = (iv["events"], self._collect_events)
         return loops

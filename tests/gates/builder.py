@@ -7,11 +7,13 @@ after-load [100, 120].
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
+from contract.host import HostCpu
 from gates import schema
 
 T0 = 1_000_000.0
@@ -182,6 +184,28 @@ def cpu_warning(b: RunBuilder) -> RunBuilder:
     """The load generator hit its CPU warning: the run's timings cannot be trusted."""
     b.meta["cpu_warning"] = True
     b.meta["cpu_warnings"] = [{"t": 0, "worker": "local", "cpu_percent": 97}]
+    return b
+
+
+def host_cpu(
+    b: RunBuilder,
+    foreign: Callable[[float], float],
+    cpus: int = 2,
+    steal: float = 0.0,
+    span: tuple[float, float] = (0.0, 120.0),
+) -> RunBuilder:
+    """The host sampler's rows once a second over `span`: `foreign(t)` cores used by other
+    processes at +t s (`steal` of them stolen by the hypervisor), the rest idle."""
+    for second in range(int(span[0]) + 1, int(span[1]) + 1):
+        rows = {
+            HostCpu.CPUS: float(cpus),
+            HostCpu.BUSY: foreign(second) - steal + 0.4,
+            HostCpu.STEAL: steal,
+            HostCpu.KVGATE: 0.4,
+            HostCpu.FOREIGN: foreign(second),
+        }
+        for metric, value in rows.items():
+            b.sample(str(metric), value, second, target="host", source="host")
     return b
 
 

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from gates.estimate import Reading, estimate, healthy_needs_n, needs_n, read
+from gates.sequential import Decided, decide
 from gates.terms import Threshold
 
 CONFIDENCE = 0.95
@@ -74,3 +75,32 @@ def test_an_exact_statistic_needs_its_min_samples(text: str, min_samples: int) -
 @pytest.mark.parametrize("text", ["mean < 3", "slope <= 0"])
 def test_a_mean_or_a_slope_needs_what_only_the_data_can_say(text: str) -> None:
     assert healthy_needs_n(Threshold.model_validate(text), 1, CONFIDENCE) is None
+
+
+@pytest.mark.parametrize(("text", "min_samples", "value"), HEALTHY)
+def test_the_anytime_count_is_where_the_anytime_bound_first_decides_a_healthy_stream(
+    text: str, min_samples: int, value: float
+) -> None:
+    """What a load that runs until decided waits for: the confidence sequence decides PASS
+    at the count named, not one observation earlier, and never before the fixed-n count."""
+    threshold = Threshold.model_validate(text)
+    n = healthy_needs_n(threshold, min_samples, CONFIDENCE, anytime=True)
+    fixed = healthy_needs_n(threshold, min_samples, CONFIDENCE)
+    assert n is not None and fixed is not None and n >= fixed
+
+    def state(m: int) -> Decided:
+        values = np.full(m, value)
+        return decide(values, threshold, 1 - CONFIDENCE, min_samples=min_samples).state
+
+    assert state(n) is Decided.PASS
+    assert state(n - 1) is Decided.UNDECIDED
+
+
+def test_the_anytime_needs_of_the_seed_gates() -> None:
+    def n(text: str, min_samples: int = 1) -> int | None:
+        threshold = Threshold.model_validate(text)
+        return healthy_needs_n(threshold, min_samples, CONFIDENCE, anytime=True)
+
+    assert n("rate >= 0.99") == n("rate > 0.99") == n("p(99) < 2") == 607
+    assert n("p(95) <= 0.9") == 177
+    assert n("count == 0", 30) == 30  # an exact statistic needs its min_samples either way

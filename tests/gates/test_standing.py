@@ -89,7 +89,7 @@ def test_the_verdict_says_which_key_gates_were_undecided_at_the_maximum(tmp_path
     record = {
         **UNTIL,
         "decided": False,
-        "stopped_because": "it reached max_duration_s with key gates undecided",
+        "stopped_because": "it reached max_duration_s with gates undecided",
         "gates": [
             {"id": "availability", "decision": "UNDECIDED", "settled": False, "n": 280,
              "needs_n": 607},
@@ -102,7 +102,7 @@ def test_the_verdict_says_which_key_gates_were_undecided_at_the_maximum(tmp_path
     [note] = [n for n in verdict.notes if n.startswith("load.until")]
     assert note == (
         "load.until: decided: the load stopped at +90 s (min 10 s, max 90 s): it reached "
-        "max_duration_s with key gates undecided; key gates undecided at its last look "
+        "max_duration_s with gates undecided; gates undecided at its last look "
         "(+85 s): availability (UNDECIDED, n 280 of about 607 by the anytime bound; 381 at "
         "fixed n)"
     )

@@ -201,7 +201,7 @@ def test_until_decided_limits_are_checked_with_what_to_do(tmp_path: Path) -> Non
     with pytest.raises(PlanError) as err:
         load_plan(write(tmp_path, GOOD.replace("duration_s: 10", "min_duration_s: 5")))
     assert (
-        "load: min_duration_s applies only to a load that runs until its key gates are decided: "
+        "load: min_duration_s applies only to a load that runs until its gates are decided: "
         "set until: decided, or give the load's length as duration_s"
     ) in str(err.value)
     with pytest.raises(PlanError, match=r"load\.until: Input should be 'duration' or 'decided'"):
@@ -215,3 +215,14 @@ def test_a_fault_a_load_until_decided_may_stop_before_is_refused(tmp_path: Path)
         "faults.0 (kill at 40s) is not before load.min_duration_s (20s): a load that runs until "
         "decided may stop there, before the fault fires; raise min_duration_s past it"
     ) in str(err.value)
+
+
+def test_the_bound_on_other_processes_cpu_is_a_share_of_the_host(tmp_path: Path) -> None:
+    plan = load_plan(write(tmp_path, GOOD))
+    assert plan.samplers.host.enabled and plan.samplers.foreign_cpu_bound_share == 0.25
+    bad = GOOD + "samplers: {foreign_cpu_bound_share: 25}\n"  # a percent, not a share
+    with pytest.raises(PlanError) as err:
+        load_plan(write(tmp_path, bad))
+    assert "samplers.foreign_cpu_bound_share: Input should be less than or equal to 1" in str(
+        err.value
+    )

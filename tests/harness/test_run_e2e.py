@@ -15,6 +15,7 @@ import psutil
 import pytest
 
 import contract
+from contract.host import HostCpu
 from gates import schema
 from gates.rundir import load_run
 from harness.run_cmd import main
@@ -71,7 +72,13 @@ def test_smoke_plan_writes_a_complete_run_directory(tmp_path: Path) -> None:
     died = events[(events["event"] == "replica_died") & (events["replica"] == "r1")]
     assert len(died) >= 1
     sources = set(run.samples["source"])
-    assert {"prometheus", "process"} <= sources and sources & {"nvml", "sim_gpu"}
+    assert {"prometheus", "process", "host"} <= sources and sources & {"nvml", "sim_gpu"}
+    # the host's CPU: the reference server is kvgate's child, so the target's tree is found
+    # and the foreign CPU measured; the bounds it is judged by are the run's
+    host = run.samples[run.samples["source"].eq("host")]
+    assert {HostCpu.FOREIGN, HostCpu.KVGATE, HostCpu.TARGET} <= set(host["metric"])
+    assert (host.loc[host["metric"].eq(HostCpu.KVGATE), "value"] > 0).any()
+    assert meta["foreign_cpu_bound_share"] == 0.25
     [fault] = run.faults.to_dict("records")
     assert fault["kind"] == "kill" and fault["outcome"] == "ok"
     assert fault["rollback"].startswith("restarted")

@@ -264,3 +264,24 @@ def test_without_locusts_dispatch_order_the_split_is_proportional() -> None:
 
     names = list(traffic._proportional([("a", 3), ("b", 1)], 6))
     assert names[-1] is None and sorted(n for n in names if n) == ["a"] * 5 + ["b"]
+
+
+def test_a_load_that_runs_until_decided_plans_for_the_anytime_bound_within_its_maximum(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Such a load waits for each gate's anytime-valid bound, which needs more than the
+    verdict's fixed-n interval (607 against 381 for `rate >= 0.99`); its length is its
+    maximum, so a key gate that cannot reach its need by then is short."""
+    until = ["--set", "load.until=decided", "--set", "load.min_duration_s=20"]
+    path = str(_plan(tmp_path))
+    assert plan_main(["check", path, *until, "--set", "load.max_duration_s=600", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["until_decided"] and result["load_s"] == 600
+    needs = {g["id"]: g["needed"] for g in result["gates"]}
+    assert needs["availability"] == 607 and needs["ttft_critical_p95"] == 177
+    assert needs["no_oom"] == 1  # a count: its min_samples, as at fixed n
+    assert plan_main(["check", path, *until, "--set", "load.max_duration_s=250"]) == EXIT_SHORT
+    out = capsys.readouterr().out
+    assert "up to 250 s of load" in out and "anytime-valid bound" in out
+    # 607 at 2 a second take 303.5 s: availability falls short of a 250 s maximum
+    assert "load.max_duration_s" in out.rstrip().splitlines()[-1]

@@ -131,7 +131,7 @@ def test_each_replica_gets_its_own_offset_and_the_harness_rows_keep_theirs(
     b.event("replica_started", 5.0, "r1", seq=-1)  # the harness's row, on the client's clock
     run = load_run(b.write(tmp_path / "run"))
     before = run.server_events.copy()
-    (note,) = check_evidence(run).findings
+    (note,) = [f for f in check_evidence(run).findings if f.check != "host_contention"]
     assert note.check == "clock_offset" and "replica r1's clock ran 2.995 s ahead" in note.message
     moved = run.server_events["t"] - before["t"]
     on_r1 = before["replica"].eq("r1") & before["seq"].ge(0)

@@ -15,7 +15,7 @@ from gates.evaluator import evaluate
 from gates.rundir import RunDirError, load_run
 from gates.spec import GateFile
 from gates.verdict import Status, Verdict
-from tests.gates.builder import T0, RunBuilder
+from tests.gates.builder import T0, RunBuilder, host_cpu
 from tests.gates.conftest import gate
 from tests.gates.evidence.conftest import Judge, clean, messages
 
@@ -277,15 +277,16 @@ def test_an_unreadable_part_whose_json_lines_remain_says_to_read_those(tmp_path:
 
 
 def test_a_harness_run_that_is_whole_has_no_finding(tmp_path: Path, small_gates: GateFile) -> None:
-    b = planned(clean(), 50)
+    b = host_cpu(planned(clean(), 50), lambda t: 0.05, span=(20, 70))  # on a quiet host
     b.meta["windows"] = {"stress": [T0 + 20, T0 + 70]}
     b.meta["tables"] = {name: len(rows) for name, rows in b.rows.items()}
     verdict: Verdict = evaluate(load_run(b.write(tmp_path / "run", fmt="parquet")), small_gates)
     assert verdict.status == Status.PASS
     assert verdict.evidence["findings"] == []
-    assert [c["name"] for c in verdict.evidence["checks"]][-4:] == [
+    assert [c["name"] for c in verdict.evidence["checks"]][-5:] == [
         "run_window",
         "run_finished",
         "load_covered",
         "tables_complete",
+        "host_contention",
     ]

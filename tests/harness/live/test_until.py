@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -22,14 +23,16 @@ from harness.rundir import TableWriter
 from harness.sink import RecordSink
 
 
-def gate(gate_id: str, key: bool = True) -> GateSpec:
+def gate(gate_id: str, key: bool = True, blocks: str | bool = False) -> GateSpec:
     return GateSpec.model_validate(
         {"id": gate_id, "title": gate_id, "metric": "availability", "pass": "rate >= 0.9",
-         "key": key, "blocks": False}
+         "key": key, "blocks": blocks}
     )  # fmt: skip
 
 
 GATES = [gate("served"), gate("no_oom"), gate("speed", key=False)]
+# with a gate that blocks without being key (preemptions that must complete, say)
+BLOCKING = [*GATES, gate("completes", key=False, blocks="lost work")]
 
 
 def result(gate_id: str, decision: str, settled: bool, n: int = 100, **more: Any) -> dict[str, Any]:
@@ -78,7 +81,7 @@ def test_it_stops_when_every_key_gate_is_settled_at_one_look_begun_after_the_min
     rule.look(34, [result("served", "PASS", True), result("no_oom", "UNDECIDED", True)], 30)
     assert rule.decided_at_s == 34
     reason = rule.tick(34.2)
-    assert reason == "every key gate decided at +34 s (load.until: decided)"
+    assert reason == "every key and blocking gate decided at +34 s (load.until: decided)"
     # a later look does not undo the decision; the rule only shows it
     rule.look(44, [result("served", "UNDECIDED", False), result("no_oom", "FAIL", True)], 40)
     assert rule.tick(45) == reason and rule.decided_at_s == 34
@@ -98,6 +101,32 @@ def test_a_key_gate_decided_fail_stops_the_load_without_waiting_for_a_boundary()
     shape.now = 20
     assert rule.tick(20) == "key gate served decided FAIL at +10 s (load.until: decided)"
     assert shape.asked == []  # a FAIL does not wait for the end of the cycle
+
+
+def test_a_blocking_gate_holds_the_load_once_it_has_data_until_it_is_settled() -> None:
+    """A blocking gate that lacks its samples makes the verdict MARGINAL, so it holds the
+    load like a key gate; one the load never provoked (n 0) is left to its missing-data rule
+    and holds nothing."""
+    rule = UntilDecided(BLOCKING, min_s=0, max_s=300)
+    assert rule.key == ["served", "no_oom"] and rule.held == ["served", "no_oom", "completes"]
+    keys = [result("served", "PASS", True), result("no_oom", "UNDECIDED", True)]
+    rule.look(10, [*keys, result("completes", "UNDECIDED", False, n=0)])
+    assert rule.decided_at_s == 10  # nothing preempted yet: it holds nothing
+    rule = UntilDecided(BLOCKING, min_s=0, max_s=300)
+    rule.look(10, [*keys, result("completes", "UNDECIDED", False, n=373, needs_n=607)])
+    assert rule.tick(11) is None and rule.decided_at_s is None
+    assert rule.label() == "2/3 settled; waiting: completes n=373/607"
+    assert [g["key"] for g in rule.record()["gates"]] == [True, True, False]
+    rule.look(20, [*keys, result("completes", "PASS", True, n=650)])
+    assert rule.tick(21) == "every key and blocking gate decided at +20 s (load.until: decided)"
+
+
+def test_a_blocking_gate_decided_fail_stops_the_load_as_a_key_gate_does() -> None:
+    rule = UntilDecided(BLOCKING, min_s=20, max_s=300)
+    keys = [result("served", "UNDECIDED", False), result("no_oom", "UNDECIDED", True)]
+    rule.look(10, [*keys, result("completes", "FAIL", True, n=40)])
+    assert rule.tick(15) is None
+    assert rule.tick(20) == "blocking gate completes decided FAIL at +10 s (load.until: decided)"
 
 
 def settled_look(rule: UntilDecided, at_s: float, began_s: float, served: bool = True) -> None:
@@ -129,7 +158,7 @@ def test_a_shape_with_phases_stops_at_a_boundary_on_the_look_taken_there() -> No
     assert rule.tick(183) is None and rule.wants_look
     settled_look(rule, 188, began_s=181)
     assert rule.tick(188) == (
-        "every key gate decided at the boundary at +188 s (load.until: decided)"
+        "every key and blocking gate decided at the boundary at +188 s (load.until: decided)"
     )
     assert not shape.resumed_at and rule.decided_at_s == 188
 
@@ -167,7 +196,7 @@ def test_a_soak_ends_after_a_settling_look_begun_after_the_minimum() -> None:
     settled_look(rule, 36, began_s=31)
     assert rule.tick(36) is None and shape.asked == [30]  # its cooldown runs first
     shape.now = 40
-    assert rule.tick(40) == "every key gate decided at +36 s (load.until: decided)"
+    assert rule.tick(40) == "every key and blocking gate decided at +36 s (load.until: decided)"
 
 
 def test_the_record_names_what_stopped_the_load_and_each_key_gate_as_last_seen() -> None:
@@ -188,6 +217,7 @@ def test_the_record_names_what_stopped_the_load_and_each_key_gate_as_last_seen()
     served, no_oom = record["gates"]
     assert served == {
         "id": "served",
+        "key": True,
         "decision": "UNDECIDED",
         "settled": False,
         "settled_by": None,
@@ -207,7 +237,7 @@ def test_an_abort_is_recorded_as_the_reason_and_the_rules_own_reason_is_kept_sho
     rule = UntilDecided(GATES, min_s=10, max_s=60)
     rule.look(11, [result("served", "PASS", True), result("no_oom", "UNDECIDED", True)])
     rule.stopped(11.5, rule.tick(11.5))
-    assert rule.record()["stopped_because"] == "every key gate decided at +11 s"
+    assert rule.record()["stopped_because"] == "every key and blocking gate decided at +11 s"
 
 
 def test_meta_json_keeps_the_rules_record(tmp_path: Path) -> None:
@@ -233,11 +263,12 @@ def test_the_console_shows_the_key_gates_way_to_a_decision(tmp_path: Path) -> No
         Console(file=io.StringIO()), sink, tmp_path / "samples.jsonl", 62.0, lambda: 6,
         lambda: "0", decided=rule.label,
     )  # fmt: skip
-    assert "key_gates=[2 key gates, not judged yet]" in progress.snapshot().line()
+    assert "until=[2 key and 0 blocking gates, not judged yet]" in progress.snapshot().line()
     rule.look(10, [result("served", "UNDECIDED", False, n=50, needs_n=109),
                    result("no_oom", "UNDECIDED", True, n=80)])  # fmt: skip
     snapshot = progress.snapshot()
-    assert "key_gates=[1/2 settled; waiting: served n=50/109]" in snapshot.line()
+    assert "until=[1/2 settled; waiting: served n=50/109]" in snapshot.line()
     shown = io.StringIO()
     Console(file=shown, width=200).print(snapshot.table())
-    assert "key gates (until decided) │ 1/2 settled; waiting: served n=50/109" in shown.getvalue()
+    row = r"gates \(until decided\) +│ 1/2 settled; waiting: served n=50/109"
+    assert re.search(row, shown.getvalue())

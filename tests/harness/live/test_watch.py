@@ -129,6 +129,7 @@ KEYED = (
     "  - {id: no_oom, title: o, metric: oom_events, pass: 'count == 0', key: true,\n"
     "     blocks: an OOM}\n"
     "  - {id: quick, title: q, metric: ttft, pass: 'p(50) <= 1ms'}\n"
+    "  - {id: fast, title: f, metric: ttft, pass: 'p(50) <= 1s', blocks: slow answers}\n"
 )
 
 
@@ -145,21 +146,22 @@ def served_run(tmp_path: Path, n: int) -> tuple[Path, Path]:
 def test_the_key_check_judges_key_gates_with_their_way_to_a_decision(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """`--key` (a load that runs until decided) judges the key gates, none of which aborts:
-    each with its anytime decision, n, about how many a decision needs, and whether it is
-    settled. 50 of 50 served does not yet decide `rate >= 0.9`; a count is settled by what
-    the run observed."""
+    """`--blocking` (a load that runs until decided) judges the key gates and the other
+    gates that block, none of which aborts: each with its anytime decision, n, about how
+    many a decision needs, and whether it is settled. 50 of 50 served does not yet decide
+    `rate >= 0.9`; a count is settled by what the run observed."""
     run, gates = served_run(tmp_path, 50)
-    assert watch_main(["check", str(run), str(gates), "--key"]) == 0
+    assert watch_main(["check", str(run), str(gates), "--blocking"]) == 0
     results = {r["id"]: r for r in json.loads(capsys.readouterr().out)}
-    assert set(results) == {"served", "no_oom"}  # `quick` is not key
+    assert set(results) == {"served", "no_oom", "fast"}  # `quick` neither is key nor blocks
+    assert not results["fast"]["key"] and results["fast"]["n"] == 50
     served, no_oom = results["served"], results["no_oom"]
     assert served["key"] and served["decision"] == "UNDECIDED" and not served["settled"]
     assert served["n"] == 50 and 50 < served["needs_n"] < 200
     assert no_oom["decision"] == "UNDECIDED" and no_oom["settled"]
     assert no_oom["settled_by"] == "observed"
     assert watch_main(["check", str(run), str(gates)]) == 0
-    assert json.loads(capsys.readouterr().out) == []  # no abort gate, no --key: nothing
+    assert json.loads(capsys.readouterr().out) == []  # no abort gate, no --blocking: nothing
 
 
 def test_a_load_that_runs_until_decided_stops_on_the_check_that_settles_its_key_gates(
@@ -173,6 +175,6 @@ def test_a_load_that_runs_until_decided_stops_on_the_check_that_settles_its_key_
         reason = wait_until(lambda: watch.tick(12.0), timeout_s=60, what="the key gates' check")
     finally:
         watch.close()
-    assert reason == "every key gate decided at +12 s (load.until: decided)"
-    assert [g["decision"] for g in until.progress()] == ["PASS", "UNDECIDED"]
+    assert reason == "every key and blocking gate decided at +12 s (load.until: decided)"
+    assert [g["decision"] for g in until.progress()] == ["PASS", "UNDECIDED", "PASS"]
     assert watch.aborted is None
