@@ -247,7 +247,8 @@ class EventStream:
 def _single_event(data: bytes) -> bytes | None:
     """The event's data if `data` is exactly one chunk of exactly one one-line event."""
     end = data.find(b"\r\n", 0, 10)
-    if end <= 0 or data[end + 2 : end + 8] != b"data: " or data[-4:] != b"\n\n\r\n":
+    # startswith/endswith at an offset: no slice is copied to compare (this runs per token)
+    if end <= 0 or not data.startswith(b"data: ", end + 2) or not data.endswith(b"\n\n\r\n"):
         return None
     size_field = data[:end]
     if size_field.strip(_HEX_DIGITS) or len(data) != end + int(size_field, 16) + 4:
