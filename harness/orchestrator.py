@@ -46,6 +46,7 @@ from harness.samplers.process import SamplerConfig
 from harness.sink import RecordSink
 from harness.target import Deployment, ManagedVllmDeployment, RunningTarget, make_deployment
 from harness.traffic import build_shape, build_user_classes, target_profile
+from workloads.blocks import BLOCK_TOKENS
 from workloads.prompts import generator_for
 from workloads.shapes import StepRampShape
 
@@ -555,5 +556,6 @@ class Orchestrator:
                 "relay": gen.collector.summary() if gen and gen.collector else None,
             },
             tables=counts,
+            prompt_block_tokens=BLOCK_TOKENS if self.sink.with_blocks else None,
         )
         rundir.write_meta(self.run_dir, meta)

@@ -51,6 +51,7 @@ class RecordSink:
         self.refusals: Counter[str] = Counter()
         # the server's prompt tokens per kvgate prompt token, summed over answered requests
         self._prompt_tokens = [0, 0]  # [server's, kvgate's]
+        self.with_blocks = 0  # records that carry their prompt's block ids
 
     @property
     def total(self) -> int:
@@ -76,6 +77,7 @@ class RecordSink:
             )
         self.by_worker[str(row.get("worker"))] += 1
         self.by_class[str(row.get("traffic_class"))] += 1
+        self.with_blocks += row.get("prompt_blocks") is not None
         now = time.monotonic()
         ttft = row.get("ttft_s")
         self._recent.append((now, outcome, float(ttft) if ttft is not None else None))

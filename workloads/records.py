@@ -37,6 +37,7 @@ class RequestMeta:
     asked_priority: str | None = None  # the X-Priority header sent
     probe: str | None = None  # a security probe's role (contract.PROBE_ROLES)
     probe_group: str | None = None
+    prompt_blocks: str | None = None  # the prompt's block ids (workloads/blocks.py)
 
 
 def build_record(meta: RequestMeta, result: StreamResult) -> RequestRecord:
@@ -73,6 +74,7 @@ def build_record(meta: RequestMeta, result: StreamResult) -> RequestRecord:
         asked_priority=meta.asked_priority,
         probe=meta.probe,
         probe_group=meta.probe_group,
+        prompt_blocks=meta.prompt_blocks,
     )
 
 
