@@ -46,7 +46,7 @@ from harness.samplers.process import SamplerConfig
 from harness.sink import RecordSink
 from harness.target import Deployment, ManagedVllmDeployment, RunningTarget, make_deployment
 from harness.traffic import build_shape, build_user_classes, target_profile
-from workloads.blocks import BLOCK_TOKENS
+from workloads.block_ids import BLOCK_TOKENS
 from workloads.prompts import generator_for
 from workloads.shapes import StepRampShape
 
@@ -556,6 +556,13 @@ class Orchestrator:
                 "relay": gen.collector.summary() if gen and gen.collector else None,
             },
             tables=counts,
-            prompt_block_tokens=BLOCK_TOKENS if self.sink.with_blocks else None,
         )
+        self._note_block_size(meta)
         rundir.write_meta(self.run_dir, meta)
+
+    def _note_block_size(self, meta: RunMeta) -> None:
+        """meta.json's `prompt_block_tokens` once a record carries blocks: kvgate's own
+        classes cut prompts in blocks of BLOCK_TOKENS, unless a part of the run that knows
+        its own size (a replayed trace) has given it already."""
+        if meta.prompt_block_tokens is None and self.sink.with_blocks:
+            meta.prompt_block_tokens = BLOCK_TOKENS

@@ -5,8 +5,8 @@ against the tokenizer once per process, so a prompt of N words is N tokens and n
 encoding is needed. Bodies are cached (a 32K-token prompt is built once); a short per-request
 lead makes each prompt unique from its first token, so only prompts meant to share a prefix do.
 Without the tokenizer file the same words are used and counts are approximate (`exact` False).
-Each text says what generated it (`blocks.PromptText`): the seeds its words were drawn from,
-which is what a prompt's block ids hash (workloads/blocks.py).
+Each text says what generated it (`block_ids.PromptText`): the seeds its words were drawn from,
+which is what a prompt's block ids hash (workloads/block_ids.py).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from workloads.blocks import PromptText, Run
+from workloads.block_ids import PromptText, Run
 
 if TYPE_CHECKING:  # imported when a tokenizer file is there to load
     from tokenizers import Tokenizer

@@ -28,7 +28,7 @@ from locust.exception import LocustError, StopUser
 from locust.user.task import LOCUST_STATE_STOPPING
 
 from contract import Outcome
-from workloads.blocks import prompt_blocks
+from workloads.block_ids import prompt_blocks
 from workloads.client import StreamClient, StreamRequest, StreamResult
 from workloads.dialect import Dialect
 from workloads.prompts import DEFAULT_TOKENIZER_PATH, PromptGenerator, generator_for

@@ -18,7 +18,7 @@ import gevent
 from locust import between, constant, task
 
 from contract import Outcome
-from workloads.blocks import literal
+from workloads.block_ids import literal
 from workloads.client import StreamResult
 from workloads.users.base import Caller, KvgateUser, TaskOutline
 

@@ -13,7 +13,7 @@ import pytest
 from contract import RequestRecord
 from tests.workloads.fakes import FakeServer, fake_server
 from tests.workloads.test_users import make_user, run_task, sent
-from workloads.blocks import BLOCK_TOKENS, PromptText, literal, prompt_block_ids
+from workloads.block_ids import BLOCK_TOKENS, PromptText, literal, prompt_block_ids
 from workloads.prompts import DEFAULT_TOKENIZER_PATH, generator_for
 from workloads.users import USER_CLASSES
 
