@@ -3,11 +3,13 @@ which prompt blocks each request shared with earlier ones, so that the run can b
 
 Which requests: every request of the requests table, in the order of its planned send time
 (`t_scheduled`, an open-loop request's schedule) or else its send time (`t_send`), ties by
-send time, then as recorded. Cancelled, refused and failed requests are kept: they were
-sent, and a replay sends them again. Left out, and counted: security probes (requests
-crafted to probe a server's isolation, which a trace cannot express: it has no tenants),
-requests without a prompt (a trace's `input_length` is at least 1), without a send time,
-and without an output length (neither `max_tokens` nor the server's `completion_tokens`).
+send time, then as recorded: a trace gives the requests of one instant no order (they
+arrive together), so a replay's export keeps each instant's requests, not their order.
+Cancelled, refused and failed requests are kept: they were sent, and a replay sends them
+again. Left out, and counted: security probes (requests crafted to probe a server's
+isolation, which a trace cannot express: it has no tenants), requests without a prompt (a
+trace's `input_length` is at least 1), without a send time, and without an output length
+(neither `max_tokens` nor the server's `completion_tokens`).
 
 Each line: `timestamp`, ms from the first request's time (the schedule, not its jitter, for
 a replayed request, so exporting a replay reproduces its trace); `input_length`, the prompt
