@@ -37,6 +37,7 @@ class RecordSink:
         self.writer = writer
         self._seen: set[str] = set()
         self.duplicates = 0
+        self.with_blocks = 0  # records that carry their prompt's block ids
         self.outcomes: Counter[str] = Counter()
         self.by_worker: Counter[str] = Counter()
         self.by_class: Counter[str] = Counter()
@@ -51,7 +52,6 @@ class RecordSink:
         self.refusals: Counter[str] = Counter()
         # the server's prompt tokens per kvgate prompt token, summed over answered requests
         self._prompt_tokens = [0, 0]  # [server's, kvgate's]
-        self.with_blocks = 0  # records that carry their prompt's block ids
 
     @property
     def total(self) -> int:
