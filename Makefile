@@ -12,7 +12,8 @@ PLAN ?= harness/plans/ci.yaml
 # (pytest-xdist cannot: its workers wait on threads that gevent's monkey-patching, which
 # Locust applies on import, turns into greenlets.) Their report is printed when both end.
 SLOW_E2E := tests/harness/test_qualify_e2e.py tests/harness/test_teeth.py \
-	tests/harness/test_run_e2e.py tests/harness/test_web_e2e.py
+	tests/harness/test_run_e2e.py tests/harness/test_web_e2e.py \
+	tests/harness/test_export_roundtrip_e2e.py
 E2E_LOG := .pytest-e2e.log
 
 $(STAMP): pyproject.toml

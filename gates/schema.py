@@ -115,3 +115,6 @@ SUMMARY_MD = "summary.md"
 REPORT_JSON = "report.json"
 ROLLBACK_MD = "rollback.md"
 ROLLBACK_JSON = "rollback.json"
+# What `kvgate export` writes into the run directory unless given another file.
+MOONCAKE_TRACE = "mooncake_trace.jsonl"
+LLMD_REPORT = "llmd_benchmark_report.yaml"

@@ -22,6 +22,9 @@ commands:
   report RUN_DIR        write report.html, summary.md and report.json for a run
   compare CAND BASE     rollback decision: candidate run against a baseline run
   capacity RUN [RUN...] capacity runs side by side: goodput and latency against load
+  export RUN_DIR --format mooncake|llmd [--out FILE]
+                        the run's requests as a Mooncake trace to replay, or its performance
+                        as an llm-d Benchmark Report
   qualify PLAN [--runs N] [--mutants all|a,b] [--set K=V] [--json]
                         prove each gate catches its mutants; false alarms over N runs
   bench scheduler|server|client|analysis|proxy [--json]
@@ -39,6 +42,7 @@ IN_PROCESS = {
     "report": "reports.cli:main",
     "compare": "reports.compare_cmd:main",
     "capacity": "reports.capacity_cmd:main",
+    "export": "reports.export.cli:main",
     "qualify": "harness.qualify.cli:main",
 }
 # Subcommands that become their own process (the server side never shares a process with us).

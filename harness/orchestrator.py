@@ -46,6 +46,7 @@ from harness.samplers.process import OWN_ROLE, SamplerConfig
 from harness.sink import RecordSink
 from harness.target import Deployment, ManagedVllmDeployment, RunningTarget, make_deployment
 from harness.traffic import build_shape, build_user_classes, target_profile
+from workloads.block_ids import BLOCK_TOKENS
 from workloads.prompts import generator_for
 from workloads.shapes import StepRampShape
 
@@ -559,4 +560,12 @@ class Orchestrator:
             },
             tables=counts,
         )
+        self._note_block_size(meta)
         rundir.write_meta(self.run_dir, meta)
+
+    def _note_block_size(self, meta: RunMeta) -> None:
+        """meta.json's `prompt_block_tokens` once a record carries blocks: kvgate's own
+        classes cut prompts in blocks of BLOCK_TOKENS, unless a part of the run that knows
+        its own size (a replayed trace) has given it already."""
+        if meta.prompt_block_tokens is None and self.sink.with_blocks:
+            meta.prompt_block_tokens = BLOCK_TOKENS

@@ -37,6 +37,7 @@ class RecordSink:
         self.writer = writer
         self._seen: set[str] = set()
         self.duplicates = 0
+        self.with_blocks = 0  # records that carry their prompt's block ids
         self.outcomes: Counter[str] = Counter()
         self.by_worker: Counter[str] = Counter()
         self.by_class: Counter[str] = Counter()
@@ -76,6 +77,7 @@ class RecordSink:
             )
         self.by_worker[str(row.get("worker"))] += 1
         self.by_class[str(row.get("traffic_class"))] += 1
+        self.with_blocks += row.get("prompt_blocks") is not None
         now = time.monotonic()
         ttft = row.get("ttft_s")
         self._recent.append((now, outcome, float(ttft) if ttft is not None else None))

@@ -5,15 +5,20 @@ against the tokenizer once per process, so a prompt of N words is N tokens and n
 encoding is needed. Bodies are cached (a 32K-token prompt is built once); a short per-request
 lead makes each prompt unique from its first token, so only prompts meant to share a prefix do.
 Without the tokenizer file the same words are used and counts are approximate (`exact` False).
+Each text says what generated it (`block_ids.PromptText`): the seeds its words were drawn from,
+which is what a prompt's block ids hash (workloads/block_ids.py).
 """
 
 from __future__ import annotations
 
+import hashlib
 import random
 import threading
 from collections import OrderedDict
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from workloads.block_ids import PromptText, Run
 
 if TYPE_CHECKING:  # imported when a tokenizer file is there to load
     from tokenizers import Tokenizer
@@ -54,7 +59,11 @@ class PromptGenerator:
         self.tokenizer_path = Path(tokenizer_path) if tokenizer_path else None
         self._tokenizer = _load_tokenizer(self.tokenizer_path)
         self.words, self.exact = self._choose_words()
-        self._cache: OrderedDict[tuple[int, int], str] = OrderedDict()
+        # Word i of a seed's text is the same whatever the text's length (`text`), so the seed
+        # and the word list name every slice of it.
+        vocabulary = hashlib.blake2b(" ".join(self.words).encode(), digest_size=4).hexdigest()
+        self._run_key = f"s{vocabulary}:"
+        self._cache: OrderedDict[tuple[int, int], PromptText] = OrderedDict()
 
     def count(self, text: str) -> int | None:
         """Tokens in `text` as the tokenizer counts them; None without a tokenizer."""
@@ -62,27 +71,31 @@ class PromptGenerator:
             return None
         return len(self._tokenizer.encode(text, add_special_tokens=False).ids)
 
-    def text(self, n_tokens: int, seed: int) -> str:
-        """The same `n_tokens`-token text for the same seed (cached)."""
+    def text(self, n_tokens: int, seed: int) -> PromptText:
+        """The same `n_tokens`-token text for the same seed (cached); a shorter text of a seed
+        is the start of a longer one."""
         if n_tokens <= 0:
-            return ""
+            return PromptText("", ())
         key = (n_tokens, seed)
         cached = self._cache.get(key)
         if cached is not None:
             self._cache.move_to_end(key)
             return cached
-        text = " ".join(random.Random(seed).choices(self.words, k=n_tokens))
+        words = " ".join(random.Random(seed).choices(self.words, k=n_tokens))
+        text = PromptText(words, (Run(f"{self._run_key}{seed}", n_tokens),))
         self._cache[key] = text
         if len(self._cache) > _CACHE_ENTRIES:
             self._cache.popitem(last=False)
         return text
 
-    def unique_text(self, n_tokens: int, seed: int, nonce: int) -> str:
+    def unique_text(self, n_tokens: int, seed: int, nonce: int) -> PromptText:
         """`n_tokens` tokens: a lead of a few words drawn from `nonce`, then the cached body."""
         lead_n = min(UNIQUE_LEAD_WORDS, n_tokens)
-        lead = " ".join(random.Random(nonce * 1_000_003 + seed).choices(self.words, k=lead_n))
+        lead_seed = nonce * 1_000_003 + seed
+        lead = " ".join(random.Random(lead_seed).choices(self.words, k=lead_n))
+        runs = (Run(f"{self._run_key}{lead_seed}", lead_n),) if lead_n else ()
         body = self.text(n_tokens - lead_n, seed)
-        return f"{lead} {body}" if body else lead
+        return PromptText(f"{lead} {body}" if body else lead, runs + body.runs)
 
     def _choose_words(self) -> tuple[tuple[str, ...], bool]:
         if self._tokenizer is None:

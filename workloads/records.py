@@ -37,6 +37,8 @@ class RequestMeta:
     asked_priority: str | None = None  # the X-Priority header sent
     probe: str | None = None  # a security probe's role (contract.PROBE_ROLES)
     probe_group: str | None = None
+    t_scheduled: float | None = None  # an open-loop request's planned send time (epoch s)
+    prompt_blocks: str | None = None  # the prompt's block ids, space-separated
 
 
 def build_record(meta: RequestMeta, result: StreamResult) -> RequestRecord:
@@ -73,6 +75,8 @@ def build_record(meta: RequestMeta, result: StreamResult) -> RequestRecord:
         asked_priority=meta.asked_priority,
         probe=meta.probe,
         probe_group=meta.probe_group,
+        t_scheduled=meta.t_scheduled,
+        prompt_blocks=meta.prompt_blocks,
     )
 
 

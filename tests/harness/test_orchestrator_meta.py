@@ -21,6 +21,7 @@ from harness.orchestrator import Orchestrator
 from harness.plan import load_plan
 from harness.release_probe import ProbeSpec
 from harness.target import RunningTarget
+from workloads.block_ids import BLOCK_TOKENS
 
 PLANS = Path(__file__).resolve().parents[2] / "harness" / "plans"
 
@@ -88,3 +89,17 @@ def test_a_meta_field_it_does_not_name_or_of_the_wrong_type_fails_when_written(
         orchestrator._write_meta("completed")
     assert named in {".".join(map(str, e["loc"])) for e in caught.value.errors()}
     assert not (run_dir / schema.META_FILE).exists()
+
+
+def test_meta_json_gives_the_block_size_once_a_record_carries_blocks(tmp_path: Path) -> None:
+    plan = load_plan(PLANS / "external.yaml", ["target.kind=vllm"])
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    orchestrator = Orchestrator(plan, run_dir, Distribution(), Console(file=io.StringIO()))
+    orchestrator._write_meta("running")
+    assert "prompt_block_tokens" not in json.loads((run_dir / schema.META_FILE).read_text())
+    row = dict.fromkeys(schema.REQUEST_COLUMNS) | {"request_id": "a", "prompt_blocks": "1f 2e"}
+    orchestrator.sink.add(row)
+    orchestrator._write_meta("running")
+    meta = json.loads((run_dir / schema.META_FILE).read_text())
+    assert meta["prompt_block_tokens"] == BLOCK_TOKENS == 512

@@ -10,15 +10,19 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import psutil
 import pytest
+from llmd_benchmark_report import import_benchmark_report
 
 import contract
 from contract.host import HostCpu
+from contract.trace import MOONCAKE_BLOCK_TOKENS, read_trace
 from gates import schema
 from gates.rundir import load_run
 from harness.run_cmd import main
+from reports.export.cli import main as export
 
 ROOT = Path(__file__).resolve().parents[2]
 SMOKE = ROOT / "harness" / "plans" / "smoke.yaml"
@@ -83,6 +87,26 @@ def test_smoke_plan_writes_a_complete_run_directory(tmp_path: Path) -> None:
     assert fault["kind"] == "kill" and fault["outcome"] == "ok"
     assert fault["rollback"].startswith("restarted")
     assert_all_stopped(started_pids(run_dir))
+    assert_exports(run_dir, requests, meta)
+
+
+def assert_exports(run_dir: Path, requests: pd.DataFrame, meta: dict[str, object]) -> None:
+    """A real run's requests carry their prompt blocks, export as a trace with the run's
+    schedule and lengths, and as an llm-d report the llm-d package validates."""
+    assert meta["prompt_block_tokens"] == MOONCAKE_BLOCK_TOKENS
+    blocks = requests["prompt_blocks"].str.split(" ").str.len()
+    assert (blocks == np.ceil(requests["target_prompt_tokens"] / MOONCAKE_BLOCK_TOKENS)).all()
+    assert export([str(run_dir), "--format", "mooncake"]) == 0
+    trace = read_trace(run_dir / schema.MOONCAKE_TRACE)
+    sent = requests[requests["probe"].isna()].sort_values("t_send", kind="stable")
+    assert [r.input_tokens for r in trace.requests] == sent["target_prompt_tokens"].tolist()
+    assert [r.output_tokens for r in trace.requests] == sent["max_tokens"].tolist()
+    ms = ((sent["t_send"] - sent["t_send"].min()) * 1000).round() / 1000
+    assert [r.t_s for r in trace.requests] == ms.tolist()
+    assert export([str(run_dir), "--format", "llmd"]) == 0
+    report = import_benchmark_report(str(run_dir / schema.LLMD_REPORT)).dump()
+    counted = report["results"]["request_performance"]["aggregate"]["requests"]
+    assert counted["total"] == len(requests)
 
 
 @pytest.mark.e2e

@@ -28,6 +28,7 @@ from locust.exception import LocustError, StopUser
 from locust.user.task import LOCUST_STATE_STOPPING
 
 from contract import Outcome
+from workloads.block_ids import prompt_blocks
 from workloads.client import StreamClient, StreamRequest, StreamResult
 from workloads.dialect import Dialect
 from workloads.prompts import DEFAULT_TOKENIZER_PATH, PromptGenerator, generator_for
@@ -382,6 +383,7 @@ class KvgateUser(User):
             asked_priority=who.priority if any(self.asks_priority(insist_priority)) else None,
             probe=probe,
             probe_group=probe_group,
+            prompt_blocks=prompt_blocks(messages, target_prompt_tokens),
         )
         try:
             self.client.stream(request, result)

@@ -18,6 +18,7 @@ import gevent
 from locust import between, constant, task
 
 from contract import Outcome
+from workloads.block_ids import literal
 from workloads.client import StreamResult
 from workloads.users.base import Caller, KvgateUser, TaskOutline
 
@@ -180,9 +181,11 @@ class MultiTurn(KvgateUser):
         if result.outcome != Outcome.OK or turns_done >= self.turns:
             self.history, self.history_tokens = [], 0
             return
-        reply = "".join(result.text or ())
+        reply_tokens = result.completion_tokens or result.chunks
+        # The reply counts as the tokens the server generated, whatever its words.
+        reply = literal("".join(result.text or ()), reply_tokens)
         self.history.append({"role": "assistant", "content": reply})
-        self.history_tokens = target + (result.completion_tokens or result.chunks)
+        self.history_tokens = target + reply_tokens
 
 
 class CancelStorm(KvgateUser):
