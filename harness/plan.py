@@ -349,10 +349,12 @@ class Samplers(_Strict):
             dict.fromkeys(p for prof in servers.profiles().values() for p in prof.metric_prefixes)
         )
     )
-    # p99 over time of the simulator's step lag (harness/summary.py). A third of the
-    # critical-TTFT gate's ~340 ms margin: in the worst 1% of a run's seconds the simulator
-    # may be this late, and no further, without moving a latency verdict by itself.
-    sim_lag_bound_ms: float = Field(100.0, gt=0)
+    # p99 over time of the simulator's step lag (harness/summary.py): in the worst 1% of a
+    # run's seconds the simulator may be this late, and no further. A forty-fifth of the
+    # critical-TTFT line (900 ms), so a verdict near its line does not move with the
+    # simulator's own stalls; a replica at 500 streams on a quiet machine stays within a
+    # quarter of it (`kvgate bench server`: p99 <= 5 ms).
+    sim_lag_bound_ms: float = Field(20.0, gt=0)
     # The share of the host's CPUs other processes may use, on average over the load and in
     # any 10 s of it, before the run is INVALID (gates/evidence/checks_host.py says why these
     # numbers). 1 never invalidates: other processes cannot use more than every CPU.

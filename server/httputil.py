@@ -160,9 +160,17 @@ _TOO_MANY = (
 
 class _LimitedServer(web.Server):
     """aiohttp's server (the protocol factory) with a cap on connections per client
-    address: one more is answered 429 and closed before it is read."""
+    address: one more is answered 429 and closed before it is read. Invariant: `_by_peer`
+    counts, per address, the connections `_peer_of` holds: those made and not yet lost."""
 
     max_client_connections = 0
+    _by_peer: dict[str, int]
+    _peer_of: dict[web_protocol.RequestHandler, str]
+
+    def start_counting(self) -> None:
+        # Counted as connections come and go, not by walking every open connection at each
+        # new one: a burst of 500 connections from one client was 125,000 look-ups.
+        self._by_peer, self._peer_of = {}, {}
 
     def __call__(self) -> web_protocol.RequestHandler:
         return _JsonErrorHandler(self, loop=self._loop, **self._kwargs)
@@ -175,7 +183,8 @@ class _LimitedServer(web.Server):
         if not cap:
             return
         peer = _peer_host(transport)
-        same = sum(1 for t in list(self._connections.values()) if _peer_host(t) == peer)
+        self._peer_of[handler] = peer
+        same = self._by_peer[peer] = self._by_peer.get(peer, 0) + 1
         if same > cap:
             body = error_body(
                 f"client {peer} already has {cap} open connections, the limit; reuse them "
@@ -185,6 +194,19 @@ class _LimitedServer(web.Server):
             )
             transport.write(_TOO_MANY % (len(body), body))
             handler.force_close()
+
+    def connection_lost(
+        self, handler: web_protocol.RequestHandler, exc: BaseException | None = None
+    ) -> None:
+        super().connection_lost(handler, exc)
+        peer = self._peer_of.pop(handler, None)
+        if peer is None:
+            return
+        left = self._by_peer[peer] - 1
+        if left:
+            self._by_peer[peer] = left
+        else:
+            del self._by_peer[peer]
 
 
 def _peer_host(transport: asyncio.BaseTransport) -> str:
@@ -197,6 +219,8 @@ class _HardenedRunner(web.AppRunner):
         server = await super()._make_server()
         # Same arguments, our protocol factory: aiohttp builds its Server in one place only.
         server.__class__ = _LimitedServer
+        assert isinstance(server, _LimitedServer)
+        server.start_counting()
         return server
 
 

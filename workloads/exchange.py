@@ -232,15 +232,18 @@ class Exchange:
         the end of the stream (or with the exception that ended it)."""
         conn = self._connection
         waiter: Waiter[float] = Waiter()
+        # Bound once: the callback runs once per token.
+        recv_now, consume, result = conn.recv_now, self._consume, self.result
 
         def on_readable() -> None:
             try:
-                got = conn.recv_now(not self.result.chunks)
+                got = recv_now(not result.chunks)
                 if got is None:
                     return
-                data, t_arr, self.read_at = got
-                self.result.bytes_received += len(data)
-                done_at = self._consume(events, data, t_arr, self.read_at)
+                data, t_arr, read_at = got
+                self.read_at = read_at
+                result.bytes_received += len(data)
+                done_at = consume(events, data, t_arr, read_at)
             except BaseException as exc:  # handed to the request's greenlet, which classifies
                 conn.unwatch()
                 waiter.throw(exc)

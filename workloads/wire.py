@@ -8,9 +8,10 @@ does not follow the wire format raises `ProtocolError` with the offending bytes 
 from __future__ import annotations
 
 import json
-import json.scanner
 from dataclasses import dataclass
 from typing import Any
+
+import orjson
 
 MAX_HEAD_BYTES = 64 * 1024
 MAX_LINE_BYTES = 1024 * 1024
@@ -246,7 +247,8 @@ class EventStream:
 def _single_event(data: bytes) -> bytes | None:
     """The event's data if `data` is exactly one chunk of exactly one one-line event."""
     end = data.find(b"\r\n", 0, 10)
-    if end <= 0 or data[end + 2 : end + 8] != b"data: " or data[-4:] != b"\n\n\r\n":
+    # startswith/endswith at an offset: no slice is copied to compare (this runs per token)
+    if end <= 0 or not data.startswith(b"data: ", end + 2) or not data.endswith(b"\n\n\r\n"):
         return None
     size_field = data[:end]
     if size_field.strip(_HEX_DIGITS) or len(data) != end + int(size_field, 16) + 4:
@@ -276,23 +278,18 @@ def error_object_fields(error: Any) -> tuple[str | None, str]:
     return None, str(error)
 
 
-# The C scanner behind json.loads, minus its per-call wrapper (typeshed types its argument
-# as a scanner context; a JSONDecoder is what json itself passes).
-_scan_json = json.scanner.make_scanner(json.JSONDecoder())  # type: ignore[arg-type]
-
-
 def json_object(data: bytes) -> dict[str, Any]:
-    """Parses one chunk's JSON; the C scanner directly, json.loads when it needs the slow path."""
+    """Parses one chunk's JSON: orjson first (straight from bytes, a few times faster than
+    the standard library's decoder, and this runs once per token); anything orjson refuses
+    is read again by the standard library, so what is accepted (NaN, integers beyond 64 bits)
+    and what is refused are exactly the standard library's."""
     try:
-        text = data.decode()
+        obj = orjson.loads(data)
+    except orjson.JSONDecodeError:
         try:
-            obj, end = _scan_json(text, 0)
-        except StopIteration:
-            end = -1
-        if end != len(text):
-            obj = json.loads(text)  # surrounding whitespace is fine; anything else raises
-    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError both derive from it
-        raise ProtocolError(f"SSE data is not JSON: {data[:80]!r}") from exc
+            obj = json.loads(data)
+        except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError both derive from it
+            raise ProtocolError(f"SSE data is not JSON: {data[:80]!r}") from exc
     if not isinstance(obj, dict):
         raise ProtocolError(f"SSE data is not a JSON object: {data[:80]!r}")
     return obj

@@ -35,7 +35,7 @@ from harness.bench.base import (
 VARIANTS = ("ours", "ours_userspace", "httpuser", "fasthttp")
 CONTROL_VARIANTS = ("ours", "httpuser")
 TTFT_P99_TARGET_MS = 2.0
-EVENTS_RATIO_TARGET = 2.0
+EVENTS_RATIO_TARGET = 3.0
 
 
 def _options(parser: argparse.ArgumentParser) -> None:

@@ -33,6 +33,7 @@ from harness.bench.base import Bench, BenchUsageError, run, show_fields, start_p
 
 TARGET_EVENTS_PER_S = 20_000
 TARGET_LAG_P99_MS = 5.0
+TARGET_LAG_MAX_MS = 20.0
 TENANTS = 10
 BENCH_ADMIN_KEY = "bench-admin-key"  # /debug/steps takes the admin key
 
@@ -126,6 +127,17 @@ def _get(url: str) -> dict[str, Any]:
     return data
 
 
+def _cpu_s(process: psutil.Process) -> float:
+    times = process.cpu_times()
+    return float(times.user + times.system)
+
+
+def _busy_cpu_s() -> float:
+    """CPU seconds the whole machine has spent busy, over all cores."""
+    t = psutil.cpu_times()
+    return float(t.user + t.nice + t.system + t.irq + t.softirq)
+
+
 def _start_replica(work: Path, time_scale: float) -> tuple[subprocess.Popen[bytes], str]:
     tenants = work / "tenants.yaml"
     _tenants_file(tenants)
@@ -155,11 +167,13 @@ def _measure_against(
     rd = ctx.Process(target=reader, args=(url, args.streams, total_s, args.max_tokens, send))
     rd.start()
     try:
-        ps = psutil.Process(proc.pid)
+        ps, reader_ps = psutil.Process(proc.pid), psutil.Process(rd.pid)
         time.sleep(args.warmup)
+        m0, r0 = _busy_cpu_s(), _cpu_s(reader_ps)
         s0, c0, t0 = _get(url + "/debug/steps"), ps.cpu_times(), time.monotonic()
         time.sleep(args.window)
         s1, c1, t1 = _get(url + "/debug/steps?lags=1"), ps.cpu_times(), time.monotonic()
+        m1, r1 = _busy_cpu_s(), _cpu_s(reader_ps)
         client_events = recv.recv() if recv.poll(total_s + 10) else 0
     finally:
         rd.join(15)
@@ -170,22 +184,34 @@ def _measure_against(
     steps = int(s1["steps"]) - int(s0["steps"])
     lags = sorted(s1["lags"][-steps:]) if steps > 0 else [0.0]
     cpu = (c1.user + c1.system) - (c0.user + c0.system)
+    # What the rest of the machine used meanwhile: on a shared machine, lag that comes with
+    # other processes' CPU is theirs, not the replica's.
+    others = (m1 - m0) - cpu - (r1 - r0)
     per_s = events / elapsed
     p99 = lags[min(len(lags) - 1, int(0.99 * len(lags)))] * 1000
+    worst = lags[-1] * 1000
     return {
         "token_events_per_s": round(per_s, 1),
         "lag_ms_p99": round(p99, 3),
         "cpu_s_per_1k_events": round(cpu / (events / 1000), 4) if events else None,
         "lag_ms_p50": round(lags[len(lags) // 2] * 1000, 3),
-        "lag_ms_max": round(lags[-1] * 1000, 3),
+        "lag_ms_max": round(worst, 3),
         "steps_per_s": round(steps / elapsed, 1),
         "server_cpu_percent": round(100 * cpu / elapsed, 1),
+        "reader_cpu_percent": round(100 * (r1 - r0) / elapsed, 1),
+        "other_processes_cpu_percent": round(100 * max(others, 0.0) / elapsed, 1),
         "client_sse_events": client_events,
         "streams": args.streams,
         "window_s": round(elapsed, 2),
         "time_scale": args.time_scale,
-        "targets": {"token_events_per_s": TARGET_EVENTS_PER_S, "lag_ms_p99": TARGET_LAG_P99_MS},
-        "meets_targets": per_s >= TARGET_EVENTS_PER_S and p99 <= TARGET_LAG_P99_MS,
+        "targets": {
+            "token_events_per_s": TARGET_EVENTS_PER_S,
+            "lag_ms_p99": TARGET_LAG_P99_MS,
+            "lag_ms_max": TARGET_LAG_MAX_MS,
+        },
+        "meets_targets": per_s >= TARGET_EVENTS_PER_S
+        and p99 <= TARGET_LAG_P99_MS
+        and worst <= TARGET_LAG_MAX_MS,
     }
 
 

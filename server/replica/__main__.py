@@ -5,13 +5,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import gc
 import os
 import signal
 import sys
 from collections.abc import Sequence
 
 from contract import EventKind
+from server import eventloop
 from server.httputil import start_site, write_json_atomic
 from server.options import (
     add_engine_args,
@@ -21,6 +21,7 @@ from server.options import (
     http_limits,
 )
 from server.replica.app import build_app
+from server.replica.collector import StepCollector
 from server.replica.runtime import PARENT_PID_ENV, ReplicaRuntime
 from server.scheduler import ConfigError
 
@@ -48,7 +49,7 @@ async def serve(args: argparse.Namespace) -> int:
         # Behind a gateway every connection comes from the gateway: no per-client cap.
         limits = dataclasses.replace(limits, max_client_connections=0)
     runner, port = await start_site(build_app(rt), args.host, args.port, limits)
-    _tune_gc()
+    rt.loop.collector = StepCollector.take_over()
     rt.loop.start()
     rt.events.append_lifecycle(EventKind.REPLICA_STARTED)
     url = f"http://{args.host}:{port}"
@@ -84,23 +85,13 @@ async def _exit_with_parent(stop: asyncio.Event) -> None:
     stop.set()
 
 
-def _tune_gc() -> None:
-    """Keep collector pauses out of the step loop's lag: objects built at startup (config,
-    tokenizer, app) are frozen out of collections, and young collections run less often
-    (the default 700-allocation threshold made gen-2 passes of 20-100 ms a few times a
-    minute at 500 streams)."""
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(10_000, 20, 50)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     problem = check_engine_args(args) or check_http_args(args)
     if problem:
         sys.stderr.write(f"kvgate replica: {problem}\n")
         return 2
-    return asyncio.run(serve(args))
+    return eventloop.run(serve(args))
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from contract import EventKind
 from server.engine.sim import CostModel, CudaOutOfMemory, StepWork, VirtualGpu
 from server.protocol import ApiError
+from server.replica.collector import StepCollector
 from server.replica.events import EventLog
 from server.replica.streams import Stream
 from server.scheduler import (
@@ -94,6 +95,9 @@ class StepLoop:
         self._wake = asyncio.Event()
         self._t_model: float | None = None  # monotonic time the current step is due to end
         self._task: asyncio.Task[None] | None = None
+        # Set by the replica process (not by tests that build a loop in their own process):
+        # then garbage is collected only while a step runs on the virtual GPU, or when idle.
+        self.collector: StepCollector | None = None
 
     # -- called by handlers ---------------------------------------------------------------
 
@@ -205,6 +209,7 @@ class StepLoop:
                     self.gpu.run_step(IDLE_WORK, stats.pool_used_blocks, stats.fragmentation)
                 except CudaOutOfMemory as exc:
                     self._die_oom(exc)
+                self._collect(IDLE_TICK_S)
                 self._wake.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), IDLE_TICK_S)
@@ -248,6 +253,8 @@ class StepLoop:
         if self._t_model is None:
             self._t_model = t_start
         self._t_model += self.cost.step_seconds(work) * self.time_scale
+        # While the virtual GPU runs this step: what is left of it is the collector's room.
+        self._collect(self._t_model - time.monotonic())
         delay = self._t_model - time.monotonic()
         await asyncio.sleep(delay if delay > 0 else 0)
         now = time.monotonic()
@@ -317,6 +324,10 @@ class StepLoop:
         if lag > self.stats.lag_max:
             self.stats.lag_max = lag
         self._on_lag(lag)
+
+    def _collect(self, room_s: float) -> None:
+        if self.collector is not None:
+            self.collector.collect_in(room_s)
 
     def _log_events(self) -> None:
         events = self.scheduler.drain_events()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -88,9 +90,20 @@ def test_event_stream_fast_path_agrees_with_the_general_parsers(wire: bytes) -> 
 
 def test_json_object_accepts_objects_only() -> None:
     assert json_object(b' {"a": [1, 2]} ') == {"a": [1, 2]}
-    for bad in (b'{"a": 1} x', b"[1, 2]", b"\xff", b'{"a":'):
+    for bad in (b'{"a": 1} x', b"[1, 2]", b"\xff", b'{"a":', b"", b'"text"'):
         with pytest.raises(ProtocolError):
             json_object(bad)
+
+
+def test_json_object_reads_what_the_standard_library_reads() -> None:
+    # NaN and integers past 64 bits: outside strict JSON, yet servers send them and the
+    # standard library takes them; a chunk that carries one is not a protocol error.
+    assert json_object(b'{"logprob": NaN, "n": 123456789012345678901234567890}') == {
+        "logprob": pytest.approx(float("nan"), nan_ok=True),
+        "n": 123456789012345678901234567890,
+    }
+    chunk = b'{"choices":[{"delta":{"content":"\\u00e9t\u00e9"}}],"ts":1.5}'
+    assert json_object(chunk) == json.loads(chunk)
 
 
 def test_multiline_data_is_joined_with_newlines() -> None:
