@@ -414,7 +414,10 @@ class Plan(_Strict):
         try:
             replay = schedule(spec, self.base_dir)
         except TraceError as exc:
-            raise ValueError(str(exc)) from None
+            text = str(exc)
+            raise ValueError(
+                text if text.startswith("traffic.") else f"traffic.trace: {text}"
+            ) from None
         if not replay.requests:
             raise ValueError(
                 f"traffic.trace: no request of {spec.path} is left to send ({replay.in_window} "

@@ -1,0 +1,71 @@
+"""A plan's `traffic.trace` (harness/plan_trace.py): checked when the plan loads, with
+errors that name the YAML path and what to do; a replay's load lasts its span and drain."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from contract.trace import TraceRequest, write_mooncake
+from harness.plan import PlanError, load_plan
+from harness.traffic import build_user_classes, run_block_tokens
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def write_trace(path: Path, seconds: int = 10) -> Path:
+    with path.open("w") as out:
+        write_mooncake((TraceRequest(float(s), 600, 8, (0, s + 1)) for s in range(seconds)), out)
+    return path
+
+
+def plan_file(tmp_path: Path, trace: str, extra: str = "") -> Path:
+    path = tmp_path / "plan.yaml"
+    path.write_text(f"name: p\ntraffic:\n  trace:\n    path: {trace}\n{extra}")
+    return path
+
+
+def test_a_replay_lasts_its_span_plus_its_drain(tmp_path: Path) -> None:
+    write_trace(tmp_path / "t.jsonl")
+    plan = load_plan(plan_file(tmp_path, "t.jsonl", "    time_scale: 0.5\n    drain_s: 4\n"))
+    assert plan.load.duration_s == pytest.approx(9 * 0.5 + 4)
+
+
+def test_a_missing_trace_names_its_path_and_what_to_do(tmp_path: Path) -> None:
+    with pytest.raises(PlanError) as caught:
+        load_plan(plan_file(tmp_path, "nowhere.jsonl"))
+    assert f"{tmp_path / 'nowhere.jsonl'} is not a file (paths are relative to the plan)" in str(
+        caught.value
+    )
+    assert "point it at a Mooncake .jsonl or an Azure .csv trace" in str(caught.value)
+
+
+def test_unknown_formats_keys_and_tenants_are_refused_at_their_path(tmp_path: Path) -> None:
+    write_trace(tmp_path / "t.jsonl")
+    with pytest.raises(PlanError, match=r"traffic.trace.format: unknown trace format 'sharegpt'"):
+        load_plan(plan_file(tmp_path, "t.jsonl", "    format: sharegpt\n"))
+    with pytest.raises(PlanError, match=r"traffic.trace.rules.0.speed: unknown key"):
+        load_plan(plan_file(tmp_path, "t.jsonl", "    rules: [{speed: 2}]\n"))
+    with pytest.raises(PlanError, match=r"rules.0: no traffic class sends as tenant 'hooli'"):
+        load_plan(plan_file(tmp_path, "t.jsonl", "    rules: [{tenant: hooli}]\n"))
+
+
+def test_a_load_too_short_for_the_replay_is_refused(tmp_path: Path) -> None:
+    write_trace(tmp_path / "t.jsonl")
+    extra = "load: {duration_s: 5}\n"
+    with pytest.raises(PlanError, match=r"the replay sends for 9 s, longer than load.duration_s"):
+        load_plan(plan_file(tmp_path, "t.jsonl", extra))
+
+
+def test_every_class_of_a_replay_cuts_its_blocks_at_the_traces_size(tmp_path: Path) -> None:
+    write_trace(tmp_path / "t.jsonl")
+    extra = "    token_scale: 0.25\n  classes: {short_qa_critical: {weight: 1}}\n"
+    plan = load_plan(plan_file(tmp_path, "t.jsonl", extra))
+    assert run_block_tokens(plan) == 128
+    classes = {cls.__name__: cls for cls in build_user_classes(plan, "http://127.0.0.1:1")}
+    assert set(classes) == {"short_qa_critical", "trace_replay"}
+    assert classes["short_qa_critical"].block_tokens == 128  # type: ignore[attr-defined]
+    replay = classes["trace_replay"]
+    assert len(replay.schedule.requests) == 10  # type: ignore[attr-defined]
+    assert replay.rules[0].api_key == "kvg-acme-key"  # type: ignore[attr-defined]
