@@ -123,7 +123,7 @@ def replay_meta(
 def _sent(meta: Replay, requests: pd.DataFrame) -> None:
     replayed = requests[requests["t_scheduled"].notna()]
     meta.sent = len(replayed)
-    meta.unsent = max(meta.scheduled - meta.sent, 0)
+    meta.unsent = max((meta.scheduled or 0) - meta.sent, 0)
     meta.stragglers = int(replayed["error_code"].eq(str(ClientCode.USER_STOPPED)).sum())
     late = errors_ms(replayed)
     if len(late):
