@@ -16,7 +16,9 @@ pytestmark = pytest.mark.timeout(60)
 
 def write_trace(path: Path, seconds: int = 10) -> Path:
     with path.open("w") as out:
-        write_mooncake((TraceRequest(float(s), 600, 8, (0, s + 1)) for s in range(seconds)), out)
+        write_mooncake(
+            (TraceRequest(float(s), 600 + s, 8, (0, s + 1)) for s in range(seconds)), out
+        )
     return path
 
 
@@ -69,3 +71,21 @@ def test_every_class_of_a_replay_cuts_its_blocks_at_the_traces_size(tmp_path: Pa
     replay = classes["trace_replay"]
     assert len(replay.schedule.requests) == 10  # type: ignore[attr-defined]
     assert replay.rules[0].api_key == "kvg-acme-key"  # type: ignore[attr-defined]
+
+
+def test_the_sample_plan_counts_a_replays_requests_from_the_trace(tmp_path: Path) -> None:
+    from harness.sampleplan.traffic import model
+
+    write_trace(tmp_path / "t.jsonl", seconds=30)
+    extra = (
+        "    rules:\n"
+        "      - {traffic_class: short_qa, tenant: system, priority: critical,"
+        " api_key: kvg-sys-key, max_input_tokens: 614}\n"
+        "      - {tenant: acme}\n"
+    )
+    plan = load_plan(plan_file(tmp_path, "t.jsonl", extra))
+    traffic = model(plan)
+    everything = traffic.requests(lambda kind: True, [(0.0, traffic.end_s + 60)])
+    critical = traffic.requests(lambda kind: kind.priority == "critical", [(0.0, 1e6)])
+    assert (everything, critical) == (30, 15)  # inputs 600 + 0..29 tokens: 15 up to 614
+    assert traffic.tenants() == {"system", "acme"}
