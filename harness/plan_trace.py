@@ -119,7 +119,16 @@ def _read(path: str, _mtime_ns: int, fmt: str | None, block_tokens: int | None) 
 
 
 def schedule(spec: TraceSpec, plan_dir: str) -> Schedule:
-    """The replay's schedule: the spec's window of its trace, scaled, limited and matched."""
+    """The replay's schedule: the spec's window of its trace, scaled, limited and matched
+    (built once per process for a spec: the plan's checks, the user class and meta.json
+    read the same one)."""
+    return _schedule(spec.model_dump_json(), plan_dir)
+
+
+@lru_cache(maxsize=4)
+def _schedule(spec_json: str, plan_dir: str) -> Schedule:
+    spec = TraceSpec.model_validate_json(spec_json)
+    trace = read(spec, plan_dir)
     scaling = Scaling(
         start_s=spec.start_s,
         duration_s=spec.duration_s,
@@ -129,7 +138,7 @@ def schedule(spec: TraceSpec, plan_dir: str) -> Schedule:
         over_max=OverMax(spec.over_max),
         session_blocks=spec.session_blocks,
     )
-    return build_schedule(read(spec, plan_dir), scaling, rules(spec))
+    return build_schedule(trace, scaling, rules(spec))
 
 
 def rules(spec: TraceSpec) -> tuple[Rule, ...]:
