@@ -89,3 +89,21 @@ def test_the_sample_plan_counts_a_replays_requests_from_the_trace(tmp_path: Path
     critical = traffic.requests(lambda kind: kind.priority == "critical", [(0.0, 1e6)])
     assert (everything, critical) == (30, 15)  # inputs 600 + 0..29 tokens: 15 up to 614
     assert traffic.tenants() == {"system", "acme"}
+
+
+def test_an_azure_trace_replays_its_lengths_without_blocks(tmp_path: Path) -> None:
+    (tmp_path / "azure.csv").write_text(
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+        "2023-11-16 18:15:46.6805900,374,44\n"
+        "2023-11-16 18:15:50.9951690,396,109\n"
+    )
+    plan = load_plan(plan_file(tmp_path, "azure.csv", "    token_scale: 0.5\n"))
+    [replay] = [
+        c for c in build_user_classes(plan, "http://127.0.0.1:1") if c.__name__ == "trace_replay"
+    ]
+    requests = replay.schedule.requests  # type: ignore[attr-defined]
+    assert [(r.at_s, r.input_tokens, r.output_tokens, r.hash_ids) for r in requests] == [
+        (0.0, 187, 22, ()),
+        (pytest.approx(4.314579), 198, 54, ()),
+    ]
+    assert run_block_tokens(plan) == 512  # no blocks of its own: kvgate's size
