@@ -3,9 +3,9 @@ its start, given to every load-generator process at once.
 
 Locally, the load generator sets the start signal itself when the load begins. With
 workers, the master sends `kvgate_replay_start` to every worker: the schedule's time 0 (a
-moment far enough ahead for the message to arrive) and the workers in a fixed order, from
-which each worker takes its share (request i goes to the worker at position i mod n), so
-together they send every request once, at the same times one process would.
+moment far enough ahead for the message to arrive) and, in a fixed order, the workers Locust
+gave a replay user, from which each takes its share (request i goes to the worker at
+position i mod n), so together they send every request once, at the times one process would.
 """
 
 from __future__ import annotations
@@ -57,11 +57,22 @@ def start_replay(environment: Environment, lead_s: float = LEAD_S) -> ReplayStar
     start = ReplayStart(time.time() + lead_s)
     runner = environment.runner
     if isinstance(runner, MasterRunner):
-        workers = sorted(w.id for w in runner.clients.all if w.state != STATE_MISSING)
-        runner.send_message(MSG_START, {"t0": start.t0, "workers": workers})
+        runner.send_message(MSG_START, {"t0": start.t0, "workers": replaying_workers(runner)})
     else:
         replay_start(environment).set(start)
     return start
+
+
+def replaying_workers(runner: MasterRunner) -> list[str]:
+    """The workers Locust gave a replay user, in a fixed order: the shares go to them alone
+    (its dispatcher may give one worker two of the fixed users and another none). Locust's
+    dispatcher keeps where it put each user in a private field; without it, every worker."""
+    placed = getattr(getattr(runner, "_users_dispatcher", None), "_users_on_workers", None)
+    if isinstance(placed, dict):
+        ids = sorted(w for w, counts in placed.items() if counts.get(CLASS_NAME, 0) > 0)
+        if ids:
+            return ids
+    return sorted(w.id for w in runner.clients.all if w.state != STATE_MISSING)
 
 
 def install_worker_start(environment: Environment) -> None:

@@ -107,3 +107,13 @@ def test_an_azure_trace_replays_its_lengths_without_blocks(tmp_path: Path) -> No
         (pytest.approx(4.314579), 198, 54, ()),
     ]
     assert run_block_tokens(plan) == 512  # no blocks of its own: kvgate's size
+
+
+def test_the_shares_go_to_the_workers_that_got_a_replay_user() -> None:
+    from types import SimpleNamespace
+
+    from harness.replay import CLASS_NAME, replaying_workers
+
+    placed = {"w2": {CLASS_NAME: 1}, "w1": {CLASS_NAME: 1, "batch": 3}, "w3": {"batch": 2}}
+    runner = SimpleNamespace(_users_dispatcher=SimpleNamespace(_users_on_workers=placed))
+    assert replaying_workers(runner) == ["w1", "w2"]  # type: ignore[arg-type]
