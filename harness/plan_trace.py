@@ -19,7 +19,9 @@ from workloads.sources.trace import OverMax, Rule, Scaling, Schedule, build_sche
 
 # What request timing a replay holds to: the p99 of `t_send - t_scheduled` over its requests
 # may be this late before the run is INVALID (gates/evidence/checks_schedule.py says why).
-SCHEDULE_ERROR_BOUND_MS = 5.0
+SCHEDULE_ERROR_BOUND_MS = 25.0
+# What the open-loop sender itself should hold at 100 requests a second (`kvgate bench replay`).
+SCHEDULE_ERROR_TARGET_MS = 5.0
 
 
 class _Strict(BaseModel):

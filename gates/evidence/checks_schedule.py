@@ -5,9 +5,13 @@ moments (scaled). A load generator that could not keep up sent them late, bunche
 the delay, and a server judged on that traffic was judged on another load than the trace's.
 So each replayed request records its planned send time (`t_scheduled`), and this check
 holds the p99 of `t_send - t_scheduled` to the run's bound (samplers.schedule_error_bound_ms,
-kept in meta.json's `replay`; 5 ms by default: a hundredth of the first-token times the
-gates judge, and what one load-generator process holds at 100 requests a second on a quiet
-host, `kvgate bench replay`). A request planned and never sent (the load ended before it)
+kept in meta.json's `replay`). 25 ms by default: a thirty-sixth of the critical first-token
+line (900 ms), and well inside the gaps between a trace's arrivals, yet a load generator that
+cannot keep up falls behind by far more (its backlog grows request by request). Measured on
+a 2-core host with the reference server beside the load generator: p99 13-17 ms (the hour
+replay at 20 requests a second, and a minute of it beside 106 users), p50 3-5 ms: the
+operating system's scheduling of three busy processes on two cores, not the sender, which
+alone keeps 0.1 ms (`kvgate bench replay` measures it against a light server). A request planned and never sent (the load ended before it)
 is a slip without end: the run is INVALID too, unless the load was stopped early for a
 reason meta.json gives (an abort, a decided gate), which other checks judge.
 """
@@ -23,7 +27,7 @@ from gates.evidence.base import Effect, Finding, evidence_check
 from gates.rundir import RunData
 
 CHECK = "schedule_kept"
-DEFAULT_BOUND_MS = 5.0  # harness/plan_trace.py's SCHEDULE_ERROR_BOUND_MS, for runs without it
+DEFAULT_BOUND_MS = 25.0  # harness/plan_trace.py's SCHEDULE_ERROR_BOUND_MS, for runs without it
 
 
 @evidence_check(CHECK, order=240)

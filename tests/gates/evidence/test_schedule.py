@@ -49,3 +49,10 @@ def test_requests_never_sent_make_the_run_invalid(check: Judge) -> None:
 def test_a_run_without_a_replay_is_not_judged_on_it(check: Judge) -> None:
     verdict = check(clean())
     assert messages(verdict, "schedule_kept") == []
+
+
+def test_a_run_that_kept_no_bound_is_held_to_kvgates_default(check: Judge) -> None:
+    for late_ms, status in ((12.0, Status.PASS), (30.0, Status.INVALID)):
+        b = replayed(late_ms=late_ms)
+        del b.meta["replay"]["schedule_error_bound_ms"]
+        assert check(b).status == status
