@@ -11,7 +11,8 @@ cannot keep up falls behind by far more (its backlog grows request by request). 
 a 2-core host with the reference server beside the load generator: p99 13-17 ms (the hour
 replay at 20 requests a second, and a minute of it beside 106 users), p50 3-5 ms: the
 operating system's scheduling of three busy processes on two cores, not the sender, which
-alone keeps 0.1 ms (`kvgate bench replay` measures it against a light server). A request planned and never sent (the load ended before it)
+alone keeps 0.1 ms (`kvgate bench replay` measures it against a light server).
+A request planned and never sent (the load ended before it)
 is a slip without end: the run is INVALID too, unless the load was stopped early for a
 reason meta.json gives (an abort, a decided gate), which other checks judge.
 """
