@@ -422,11 +422,18 @@ def batch_peak_trough(run: RunData, flt: GateFilter, params: Mapping[str, Any]) 
     of phase takes a few scheduler steps (trough-only work ends and frees its room before the
     peak's online requests have reached the replicas), and a request that slips in then says
     nothing about how the queue behaves once the phase has begun.
+
+    While the load runs (a look: meta.status "running"), only whole phases are read (the
+    phase still going on is `open`), and a peak only once every batch request the server saw
+    arrive in it has ended: until then its share is unsure, never a breach.
     """
-    spans = phases(run)
+    running = run.meta.get("status") == "running"
+    spans = [p for p in phases(run) if not p.get("open")]  # a look reads whole phases only
     peaks = [p for p in spans if p["name"] == "peak"]
     troughs = [p for p in spans if p["name"] == "trough"]
     if not peaks or not troughs:
+        if running and phases(run):
+            return Observations.none("no whole peak and trough yet (the load is still running)")
         return Observations.none(
             "meta.phases has no peak and trough phases (the shape was not peak/trough)"
         )
@@ -454,7 +461,21 @@ def batch_peak_trough(run: RunData, flt: GateFilter, params: Mapping[str, Any]) 
     trough_share = trough_admitted / trough_sent if trough_sent else 0.0
     limit = float(params["peak_ratio_max"])
     rows, unsure = [], []
+    # Mid-run, a record exists only for a request that has ended: a peak's batch requests
+    # still waiting have none yet, and its share would read only those admitted. A peak is
+    # read once every batch request the server saw arrive in it has its record.
+    arrived = events[events["priority"].eq("batch")].groupby("request_id", sort=False)["t"].min()
+    if running:
+        arrived = arrived[~arrived.index.isin(batch["request_id"])]
     for span in peaks:
+        t0, t1 = float(span["t0"]), float(span["t1"])
+        in_flight = int(((arrived >= t0 + settle) & (arrived < t1)).sum()) if running else 0
+        if in_flight:
+            unsure.append(
+                f"peak at +{t0 - run.t_start:.0f}s: {in_flight} batch requests sent in it are "
+                "still in flight, so its share waits for their records"
+            )
+            continue
         sent, admitted = offered(span)
         if sent == 0:
             unsure.append(
