@@ -418,6 +418,9 @@ def batch_peak_trough(run: RunData, flt: GateFilter, params: Mapping[str, Any]) 
     and it admitted none. An empty queue is no starvation, and a refused request waits no
     more (`_stopped_waiting`): refusals at a peak leave an idle trough idle.
 
+    A peak whose own interval straddles the line is unsure unless all the peaks read
+    together are clearly under it.
+
     Batch requests sent in the first `settle_s` of a phase count in neither share: the change
     of phase takes a few scheduler steps (trough-only work ends and frees its room before the
     peak's online requests have reached the replicas), and a request that slips in then says
@@ -460,7 +463,10 @@ def batch_peak_trough(run: RunData, flt: GateFilter, params: Mapping[str, Any]) 
     trough_admitted = sum(offered(p)[1] for p in troughs)
     trough_share = trough_admitted / trough_sent if trough_sent else 0.0
     limit = float(params["peak_ratio_max"])
-    rows, unsure = [], []
+    rows: list[tuple[float, float, None, str]] = []
+    unsure: list[str] = []
+    close: list[str] = []  # peaks too near the line to tell alone
+    read: list[tuple[int, int]] = []  # each peak read: (sent, admitted)
     # Mid-run, a record exists only for a request that has ended: a peak's batch requests
     # still waiting have none yet, and its share would read only those admitted. A peak is
     # read once every batch request the server saw arrive in it has its record.
@@ -488,10 +494,18 @@ def batch_peak_trough(run: RunData, flt: GateFilter, params: Mapping[str, Any]) 
             f"peak admitted {admitted} of {sent} batch requests sent in it vs {trough_admitted} "
             f"of {trough_sent} in the troughs (share ratio {ratio:.3g}, limit {limit:g}x)"
         )
+        read.append((sent, admitted))
         if verdict == "breach":
             rows.append((ratio, float(span["t0"]), None, detail))
         elif verdict == "unsure":
-            unsure.append(detail + ": too few requests to tell at 95%")
+            close.append(detail + ": too few requests to tell at 95%")
+    # A peak near the line, alone, cannot tell; all the peaks read together can. When they
+    # are clearly under it, no peak is left unsure (a longer run has more peaks, and each
+    # would otherwise be another chance of one landing near the line).
+    admitted_all = sum(admitted for _, admitted in read)
+    sent_all = sum(sent for sent, _ in read)
+    if close and _peak_reading(admitted_all, sent_all, trough_share, limit)[0] != "fine":
+        unsure += close
     t_end = _stopped_waiting(batch, events, run.t_end)
     t_admitted = batch_events["t"]
     for span in troughs:

@@ -580,6 +580,31 @@ def test_a_peak_offered_no_batch_work_proves_nothing(judge: Judge) -> None:
     assert "offered no batch work" in result.message
 
 
+def test_a_peak_near_the_line_is_read_with_the_other_peaks(judge: Judge) -> None:
+    """The first peak admits 5 of 50 against all in the troughs: under the 0.2x line, but
+    its own interval reaches over it. With the second peak's 0 of 40, the peaks together
+    are clearly under it: PASS. A longer run has more peaks, and one of them landing near
+    the line must not leave the gate unsure for good."""
+    b = batch_run(0, 40)
+    for i in range(10):
+        rid, t = f"near{i}", 25 + 0.1 * i
+        if i < 5:
+            b.request(rid, t=t, priority="batch", traffic_class="batch", e2e_s=1.0)
+            b.event("admitted", t + 0.05, request_id=rid, priority="batch")
+        else:
+            b.request(
+                rid,
+                t=t,
+                priority="batch",
+                traffic_class="batch",
+                outcome="rejected",
+                http_status=503,
+                retry_after_s=1.0,
+                e2e_s=0.01,
+            )
+    assert gate(judge(b), "batch_stops_at_peak").status == Status.PASS
+
+
 def test_batch_share_admitted_at_peak_is_judged_per_request_offered(judge: Judge) -> None:
     """Few peak admissions in absolute terms can still be a breach: 8 of 10 offered."""
     result = gate(judge(batch_run(8, 40, offered=10)), "batch_stops_at_peak")
