@@ -51,11 +51,14 @@ class _Record(BaseModel):
 
 
 class Phase(_Record):
-    """A named stretch of the load shape (peak, trough, step_3, ...), epoch seconds."""
+    """A named stretch of the load shape (peak, trough, step_3, ...), epoch seconds. `open`:
+    the phase was still running when meta.json was written mid-run (its t1 is that moment),
+    so a look judges it as part of a phase, not a whole one."""
 
     name: Text
     t0: Number
     t1: Number
+    open: bool = False
 
 
 class TargetMeta(_Record):

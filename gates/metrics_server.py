@@ -418,15 +418,25 @@ def batch_peak_trough(run: RunData, flt: GateFilter, params: Mapping[str, Any]) 
     and it admitted none. An empty queue is no starvation, and a refused request waits no
     more (`_stopped_waiting`): refusals at a peak leave an idle trough idle.
 
+    A peak whose own interval straddles the line is unsure unless all the peaks read
+    together are clearly under it.
+
     Batch requests sent in the first `settle_s` of a phase count in neither share: the change
     of phase takes a few scheduler steps (trough-only work ends and frees its room before the
     peak's online requests have reached the replicas), and a request that slips in then says
     nothing about how the queue behaves once the phase has begun.
+
+    While the load runs (a look: meta.status "running"), only whole phases are read (the
+    phase still going on is `open`), and a peak only once every batch request the server saw
+    arrive in it has ended: until then its share is unsure, never a breach.
     """
-    spans = phases(run)
+    running = run.meta.get("status") == "running"
+    spans = [p for p in phases(run) if not p.get("open")]  # a look reads whole phases only
     peaks = [p for p in spans if p["name"] == "peak"]
     troughs = [p for p in spans if p["name"] == "trough"]
     if not peaks or not troughs:
+        if running and phases(run):
+            return Observations.none("no whole peak and trough yet (the load is still running)")
         return Observations.none(
             "meta.phases has no peak and trough phases (the shape was not peak/trough)"
         )
@@ -453,8 +463,25 @@ def batch_peak_trough(run: RunData, flt: GateFilter, params: Mapping[str, Any]) 
     trough_admitted = sum(offered(p)[1] for p in troughs)
     trough_share = trough_admitted / trough_sent if trough_sent else 0.0
     limit = float(params["peak_ratio_max"])
-    rows, unsure = [], []
+    rows: list[tuple[float, float, None, str]] = []
+    unsure: list[str] = []
+    close: list[str] = []  # peaks too near the line to tell alone
+    read: list[tuple[int, int]] = []  # each peak read: (sent, admitted)
+    # Mid-run, a record exists only for a request that has ended: a peak's batch requests
+    # still waiting have none yet, and its share would read only those admitted. A peak is
+    # read once every batch request the server saw arrive in it has its record.
+    arrived = events[events["priority"].eq("batch")].groupby("request_id", sort=False)["t"].min()
+    if running:
+        arrived = arrived[~arrived.index.isin(batch["request_id"])]
     for span in peaks:
+        t0, t1 = float(span["t0"]), float(span["t1"])
+        in_flight = int(((arrived >= t0 + settle) & (arrived < t1)).sum()) if running else 0
+        if in_flight:
+            unsure.append(
+                f"peak at +{t0 - run.t_start:.0f}s: {in_flight} batch requests sent in it are "
+                "still in flight, so its share waits for their records"
+            )
+            continue
         sent, admitted = offered(span)
         if sent == 0:
             unsure.append(
@@ -467,10 +494,18 @@ def batch_peak_trough(run: RunData, flt: GateFilter, params: Mapping[str, Any]) 
             f"peak admitted {admitted} of {sent} batch requests sent in it vs {trough_admitted} "
             f"of {trough_sent} in the troughs (share ratio {ratio:.3g}, limit {limit:g}x)"
         )
+        read.append((sent, admitted))
         if verdict == "breach":
             rows.append((ratio, float(span["t0"]), None, detail))
         elif verdict == "unsure":
-            unsure.append(detail + ": too few requests to tell at 95%")
+            close.append(detail + ": too few requests to tell at 95%")
+    # A peak near the line, alone, cannot tell; all the peaks read together can. When they
+    # are clearly under it, no peak is left unsure (a longer run has more peaks, and each
+    # would otherwise be another chance of one landing near the line).
+    admitted_all = sum(admitted for _, admitted in read)
+    sent_all = sum(sent for sent, _ in read)
+    if close and _peak_reading(admitted_all, sent_all, trough_share, limit)[0] != "fine":
+        unsure += close
     t_end = _stopped_waiting(batch, events, run.t_end)
     t_admitted = batch_events["t"]
     for span in troughs:

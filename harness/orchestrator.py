@@ -485,11 +485,16 @@ class Orchestrator:
         phases = []
         for phase in getattr(self.shape, "phases", None) or []:
             t0 = float(phase["t0"])
-            t1 = float(phase["t1"]) if phase.get("t1") is not None else end  # still open
+            # mid-run, the last phase still goes on: a look must not read it as a whole one
+            still_open = phase.get("t1") is None and self.clock.load_end is None
+            t1 = float(phase["t1"]) if phase.get("t1") is not None else end
             if t0 < 1e9:  # relative to the shape's start
                 t0, t1 = start + t0, start + t1
             if t0 < end:
-                phases.append({"name": phase["name"], "t0": t0, "t1": min(t1, end)})
+                span = {"name": phase["name"], "t0": t0, "t1": min(t1, end)}
+                if still_open:
+                    span["open"] = True
+                phases.append(span)
         # A step ramp's knees, judged on every record (capacity_users and
         # capacity_bound_users: the bisection's bracket, the highest load that held and the
         # lowest that did not); no knees for other shapes.

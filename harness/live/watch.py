@@ -3,20 +3,24 @@
 Both read the run directory as it grows (meta.json rewritten as "running" first; the table
 readers drop a torn last line), each in a child process (`python -m harness.live.watch
 check|report RUN_DIR`) so that loading a large run never stalls the load generator's event
-loop. Each check judges the gates twice: as the end of the run would (the fixed-n
-intervals, `status`), and by their anytime-valid bounds (gates/sequential.py, `decision`),
-which keep their error rate however often the check looks. A gate with `abort_on_fail` that
-has clearly failed (`clearly_failed`: decided FAIL by its anytime bound), `abort_grace_s` or
-more into the load, stops the load; the run is then torn down, judged and reported as usual,
-and its verdict is FAIL with the reason (gates/evaluator.py reads meta.json's `aborted`).
-A load that runs until its gates are decided (`load.until: decided`) hands each look, which
-then judges every key and blocking gate, to its stop rule (harness/live/until.py). The live
-page shows each gate's decision so far.
+loop; the children run at the lowest CPU priority (`BACKGROUND_NICE`), so that on a small
+host a look (1-2 CPU-seconds for a run of a few thousand requests) takes no CPU from the
+server under test or the load generator, whose timings the gates judge. Each check judges
+the gates twice: as the end of the run would (the fixed-n intervals, `status`), and by
+their anytime-valid bounds (gates/sequential.py, `decision`), which keep their error rate
+however often the check looks. A gate with `abort_on_fail` that has clearly failed
+(`clearly_failed`: decided FAIL by its anytime bound), `abort_grace_s` or more into the
+load, stops the load; the run is then torn down, judged and reported as usual, and its
+verdict is FAIL with the reason (gates/evaluator.py reads meta.json's `aborted`). A load
+that runs until its gates are decided (`load.until: decided`) hands each look, which then
+judges every key and blocking gate, to its stop rule (harness/live/until.py). The live page
+shows each gate's decision so far.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Callable, Sequence
@@ -29,6 +33,12 @@ if TYPE_CHECKING:  # the load generator's process imports this module: keep it l
     from harness.live.until import UntilDecided
 
 CHECK_EVERY_S = 10.0
+BACKGROUND_NICE = 19  # a look or an interim report runs only on CPU nothing else wants
+
+
+def _background() -> None:
+    """In the child, before it runs: the lowest CPU priority."""
+    os.nice(BACKGROUND_NICE)
 
 
 class RunWatch:
@@ -123,6 +133,7 @@ class RunWatch:
             stderr=subprocess.DEVNULL,
             stdin=subprocess.DEVNULL,
             text=True,
+            preexec_fn=_background,
         )
 
     def close(self) -> None:

@@ -10,8 +10,10 @@ import numpy as np
 import pytest
 
 from gates.evaluator import evaluate
+from gates.metrics_server import batch_peak_trough
+from gates.registry import Observations
 from gates.rundir import load_run
-from gates.spec import load_gate_file
+from gates.spec import GateFilter, load_gate_file
 from gates.verdict import Status, Verdict
 from tests.gates.builder import FINISHED, T0, RunBuilder, gate_file, preempted
 from tests.gates.conftest import gate
@@ -578,10 +580,88 @@ def test_a_peak_offered_no_batch_work_proves_nothing(judge: Judge) -> None:
     assert "offered no batch work" in result.message
 
 
+def test_a_peak_near_the_line_is_read_with_the_other_peaks(judge: Judge) -> None:
+    """The first peak admits 5 of 50 against all in the troughs: under the 0.2x line, but
+    its own interval reaches over it. With the second peak's 0 of 40, the peaks together
+    are clearly under it: PASS. A longer run has more peaks, and one of them landing near
+    the line must not leave the gate unsure for good."""
+    b = batch_run(0, 40)
+    for i in range(10):
+        rid, t = f"near{i}", 25 + 0.1 * i
+        if i < 5:
+            b.request(rid, t=t, priority="batch", traffic_class="batch", e2e_s=1.0)
+            b.event("admitted", t + 0.05, request_id=rid, priority="batch")
+        else:
+            b.request(
+                rid,
+                t=t,
+                priority="batch",
+                traffic_class="batch",
+                outcome="rejected",
+                http_status=503,
+                retry_after_s=1.0,
+                e2e_s=0.01,
+            )
+    assert gate(judge(b), "batch_stops_at_peak").status == Status.PASS
+
+
 def test_batch_share_admitted_at_peak_is_judged_per_request_offered(judge: Judge) -> None:
     """Few peak admissions in absolute terms can still be a breach: 8 of 10 offered."""
     result = gate(judge(batch_run(8, 40, offered=10)), "batch_stops_at_peak")
     assert result.status == Status.FAIL and "8 of 10" in result.evidence[0]["detail"]
+
+
+def peak_trough_reading(b: RunBuilder, path: Path) -> Observations:
+    params = {"peak_ratio_max": 0.2, "starve_after_s": 5.0, "settle_s": 1.0}
+    return batch_peak_trough(load_run(b.write(path)), GateFilter(), params)
+
+
+def test_a_look_mid_run_does_not_read_the_phase_still_going_on(tmp_path: Path) -> None:
+    """Mid-run, the last trough has admitted nothing 10 s in while batch work waits: the
+    scheduler may admit it later in that trough, so a look does not read it as starved; the
+    same trough, whole at the end, is."""
+    b = batch_run(0, 40)
+    b.meta["phases"].append({"name": "trough", "t0": T0 + 90, "t1": T0 + 100, "open": True})
+    b.meta["status"] = "running"
+    for i in range(10):
+        b.request(f"w{i}", t=90.5, priority="batch", traffic_class="batch", outcome="timeout")
+    look = peak_trough_reading(b, tmp_path / "look")
+    assert look.frame.empty and not look.unsure
+    b.meta["phases"][-1]["open"] = False
+    b.meta["status"] = "completed"
+    end = peak_trough_reading(b, tmp_path / "end")
+    assert ["starved" in d for d in end.frame["detail"]] == [True]
+
+
+def test_a_look_reads_a_peak_only_once_its_batch_requests_have_ended(tmp_path: Path) -> None:
+    """A peak that admitted 5 of the 80 batch requests sent in it. Mid-run only those 5 have
+    ended (75 still wait, seen by the server, with no record yet), and 5 of 5 would read as
+    a breach; the look holds the peak unsure. At the end, with every record, it is fine."""
+    b = batch_run(0, 40)
+    for i in range(80):
+        rid, t = f"late{i}", 92 + 0.1 * i
+        b.event("queued", t + 0.01, request_id=rid, priority="batch")
+        if i < 5:
+            b.request(rid, t=t, priority="batch", traffic_class="batch", e2e_s=1.0)
+            b.event("admitted", t + 0.05, request_id=rid, priority="batch")
+    b.meta["phases"].append({"name": "peak", "t0": T0 + 90, "t1": T0 + 110})
+    b.meta["status"] = "running"
+    look = peak_trough_reading(b, tmp_path / "look")
+    assert look.frame.empty
+    assert any("75 batch requests sent in it are still in flight" in u for u in look.unsure)
+    for i in range(5, 80):
+        b.request(f"late{i}", t=92 + 0.1 * i, priority="batch", traffic_class="batch", e2e_s=20)
+    b.meta["status"] = "completed"
+    end = peak_trough_reading(b, tmp_path / "end")
+    assert end.frame.empty and not end.unsure
+    # the same records read mid-run without the hold: the 5 alone are a breach
+    early = batch_run(0, 40)
+    for i in range(5):
+        rid, t = f"late{i}", 92 + 0.1 * i
+        early.request(rid, t=t, priority="batch", traffic_class="batch", e2e_s=1.0)
+        early.event("admitted", t + 0.05, request_id=rid, priority="batch")
+    early.meta["phases"].append({"name": "peak", "t0": T0 + 90, "t1": T0 + 110})
+    assert len(peak_trough_reading(early, tmp_path / "early").frame) == 1
 
 
 def test_warn_threshold_makes_marginal_and_exit_4(tmp_path: Path) -> None:

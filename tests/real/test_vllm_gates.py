@@ -53,12 +53,26 @@ def verdict(run_dir: Path) -> dict[str, Any]:
     return data
 
 
+def why_not(out: Path, q: dict[str, Any]) -> str:
+    """What a policy run that did not PASS says about itself: the gates that did not pass,
+    or, where it wrote no verdict, the end of its log."""
+    run = out / "policy-01"
+    if not (run / "verdict.json").is_file():
+        log = out / "policy-01.log"
+        tail = log.read_text()[-3000:] if log.is_file() else "(no log)"
+        return f"{q['reasons']}; no verdict; the run's log ends:\n{tail}"
+    v = verdict(run)
+    gates = [(g["id"], g["status"], g["value"], g["n_samples"]) for g in v["gates"]]
+    bad = [g for g in gates if g[1] not in ("PASS", "N/A")]
+    return f"{q['reasons']}; {v['status']}: {v['run_problems']} {bad}"
+
+
 @pytest.mark.timeout(1100)
 def test_the_correct_configuration_passes_on_the_seed_gates(
     qualified: tuple[int, dict[str, Any], Path],
 ) -> None:
     code, q, out = qualified
-    assert code == 0 and q["result"] == "PASS", q["reasons"]
+    assert code == 0 and q["result"] == "PASS", why_not(out, q)
     v = verdict(out / "policy-01")
     assert v["status"] == "PASS", v["run_problems"]
     gates = {g["id"]: g for g in v["gates"]}

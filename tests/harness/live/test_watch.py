@@ -7,13 +7,14 @@ import json
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from gates.evaluator import evaluate_run
 from gates.spec import GateSpec, load_gate_file
 from gates.verdict import Status
 from harness.live.until import UntilDecided
-from harness.live.watch import RunWatch, clearly_failed
+from harness.live.watch import BACKGROUND_NICE, RunWatch, clearly_failed
 from harness.live.watch import main as watch_main
 from tests.gates.builder import RunBuilder
 from tests.waiting import wait_until
@@ -50,6 +51,19 @@ def test_a_failed_abort_gate_stops_the_load_with_its_reason(tmp_path: Path) -> N
         watch.close()
     assert reason.startswith("aborted at +12 s by gate no_oom")
     assert written and watch.aborted is not None and watch.aborted["gate"] == "no_oom"
+
+
+def test_a_look_runs_at_the_lowest_cpu_priority(tmp_path: Path) -> None:
+    """A look must not take CPU from the server or the client whose timings it judges."""
+    run, gates = oom_run(tmp_path)
+    watch = RunWatch(run, gates, None, lambda: None)
+    try:
+        watch.tick(12.0)
+        assert watch._check is not None
+        # Not yet polled, so not yet reaped: an ended child still shows its niceness.
+        assert psutil.Process(watch._check.pid).nice() == BACKGROUND_NICE == 19
+    finally:
+        watch.close()
 
 
 def test_the_aborted_run_fails_and_its_reports_say_why(tmp_path: Path) -> None:
