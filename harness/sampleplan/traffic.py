@@ -216,6 +216,13 @@ def model(plan: Plan, classes: Sequence[type[User]] | None = None) -> TrafficMod
         phases[span.name] = phases.get(span.name, 0) + 1
     target = plan.target
     scrape = plan.samplers.prometheus
+    scheduled = _scheduled(built, plan.load.duration_s)
+    if scheduled:
+        sent = sum(len(r.times) for r in scheduled)
+        notes.append(
+            f"the replayed trace's {sent} requests within the load are counted from the trace "
+            "itself, at their scheduled times, not from assumed latencies"
+        )
     return TrafficModel(
         spans=spans,
         streams=streams,
@@ -230,7 +237,7 @@ def model(plan: Plan, classes: Sequence[type[User]] | None = None) -> TrafficMod
         first_fault_s=min((f.at_s for f in plan.faults), default=None),
         phases=phases,
         notes=notes,
-        scheduled=_scheduled(built, plan.load.duration_s),
+        scheduled=scheduled,
     )
 
 
