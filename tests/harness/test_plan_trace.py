@@ -117,3 +117,30 @@ def test_the_shares_go_to_the_workers_that_got_a_replay_user() -> None:
     placed = {"w2": {CLASS_NAME: 1}, "w1": {CLASS_NAME: 1, "batch": 3}, "w3": {"batch": 2}}
     runner = SimpleNamespace(_users_dispatcher=SimpleNamespace(_users_on_workers=placed))
     assert replaying_workers(runner) == ["w1", "w2"]  # type: ignore[arg-type]
+
+
+def test_kvgate_run_says_how_the_replay_went_in_one_line(tmp_path: Path) -> None:
+    import json
+
+    from harness.run_cmd import replay_line
+
+    (tmp_path / "meta.json").write_text(json.dumps({"status": "completed"}))
+    assert replay_line(tmp_path) is None  # no trace, no line
+    replay = {
+        "scheduled": 12031,
+        "sent": 12031,
+        "unsent": 0,
+        "stragglers": 0,
+        "clipped": 254,
+        "skipped": 0,
+        "schedule_error_ms": {"p50": 3.15, "p99": 16.54, "max": 49.7},
+        "schedule_error_bound_ms": 25.0,
+        "prefix_reuse_server": 0.1602,
+        "prefix_reuse_trace": 0.3777,
+    }
+    (tmp_path / "meta.json").write_text(json.dumps({"replay": replay}))
+    assert replay_line(tmp_path) == (
+        "replay: 12031 of 12031 requests sent (0 unsent, 0 still running at the end), 254 "
+        "clipped, 0 skipped; schedule error p50 3.1 ms, p99 16.5 ms, max 50 ms (bound 25 ms "
+        "at p99); prefix reuse server/trace 16.0% / 37.8%"
+    )
