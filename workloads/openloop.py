@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Generic, TypeVar
+from typing import ClassVar, Generic, TypeVar
 
 import gevent
 from gevent.event import AsyncResult
@@ -124,7 +124,7 @@ class TraceReplayUser(KvgateUser):
 
     def __init__(self, environment: Environment) -> None:
         super().__init__(environment)
-        self.loop: OpenLoop[ScheduledRequest, str | None] | None = None
+        self.loop: OpenLoop[ScheduledRequest, str] | None = None
 
     def stopping(self) -> bool:
         return bool(self._state == LOCUST_STATE_STOPPING)
@@ -139,8 +139,12 @@ class TraceReplayUser(KvgateUser):
         assert schedule is not None and start is not None, "the harness sets the schedule"
         blocks = BlockText(self.prompts, schedule.block_tokens or BLOCK_TOKENS, self.seed)
 
-        def prepare(item: ScheduledRequest) -> str | None:
-            return blocks.prompt(item.hash_ids, item.input_tokens) if item.hash_ids else None
+        def prepare(item: ScheduledRequest) -> str:
+            """The prompt, before its time: its blocks' text, or (a trace without blocks)
+            text of its own, which knows its seeds (block_ids.PromptText)."""
+            if item.hash_ids:
+                return blocks.prompt(item.hash_ids, item.input_tokens)
+            return self.user_prompt(item.input_tokens)
 
         self.loop = OpenLoop(
             start.mine(schedule.requests), start.t0, lambda r: r.at_s, prepare, self._send_one
@@ -172,13 +176,12 @@ class TraceReplayUser(KvgateUser):
             self.loop.stop()
         super().on_stop()
 
-    def _send_one(self, item: ScheduledRequest, due: float, prompt: str | None) -> None:
+    def _send_one(self, item: ScheduledRequest, due: float, prompt: str) -> None:
         rule = self.rules[item.rule]
         who = Caller(rule.api_key, rule.api_key_name, rule.tenant, rule.priority)
-        content: Any = prompt if prompt is not None else self.user_prompt(item.input_tokens)
         blocks = " ".join(f"t{h}" for h in item.hash_ids) if item.hash_ids else None
         self.send(
-            [{"role": "user", "content": content}],
+            [{"role": "user", "content": prompt}],
             item.input_tokens,
             caller=who,
             extra_headers={PREFIX_HEADER: str(item.input_tokens)},
