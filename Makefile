@@ -13,7 +13,7 @@ PLAN ?= harness/plans/ci.yaml
 # Locust applies on import, turns into greenlets.) Their report is printed when both end.
 SLOW_E2E := tests/harness/test_qualify_e2e.py tests/harness/test_teeth.py \
 	tests/harness/test_run_e2e.py tests/harness/test_web_e2e.py \
-	tests/harness/test_export_roundtrip_e2e.py
+	tests/harness/test_export_roundtrip_e2e.py tests/harness/test_replay_distributed_e2e.py
 E2E_LOG := .pytest-e2e.log
 
 $(STAMP): pyproject.toml

@@ -177,6 +177,44 @@ class Records(_Record):
     relay: dict[str, dict[str, Count]] | None = None  # distributed: sent, received, lost
 
 
+class ScheduleError(_Record):
+    """How late a replay's requests went, `t_send - t_scheduled`, in milliseconds."""
+
+    p50: Number | None = None
+    p99: Number | None = None
+    max: Number | None = None
+
+
+class Replay(_Record):
+    """A replayed trace (traffic.trace): what was planned, what went out, how punctually,
+    and the prefix reuse the trace implies beside the one the server reported."""
+
+    trace: Text | None = None  # the trace file
+    format: Text | None = None
+    block_tokens: Count | None = None  # the replay's block size (scaled); None: no blocks
+    time_scale: Number | None = None
+    token_scale: Number | None = None
+    in_window: Count | None = None  # the trace's requests in the replayed window
+    scheduled: Count | None = None  # requests the replay planned to send
+    clipped: Count | None = None  # inputs cut to max_input_tokens
+    skipped: Count | None = None  # requests over max_input_tokens not sent (over_max: skip)
+    unmatched: Count | None = None  # requests no rule matched, not sent
+    sent: Count | None = None  # requests recorded with a planned send time
+    unsent: Count | None = None  # planned, never sent (the load ended first)
+    stragglers: Count | None = None  # sent, still running when the load ended (cancelled)
+    schedule_error_ms: ScheduleError | None = None
+    schedule_error_bound_ms: Number | None = None  # samplers.schedule_error_bound_ms
+    # Shares of the prompt tokens sent: in blocks an earlier request had sent (the trace's
+    # own reuse), and the cached tokens the server reported over the prompt tokens it counted
+    prefix_reuse_trace: Number | None = None
+    prefix_reuse_server: Number | None = None
+    blocks_checked: Count | None = None  # blocks tokenized together before the load
+    blocks_exact: Flag | None = None  # they came to exactly their size; None: no tokenizer
+    # the load generator's CPU over the load, in cores (kvgate's process tree)
+    load_generator_cpu_cores_mean: Number | None = None
+    load_generator_cpu_cores_max: Number | None = None
+
+
 class RunMeta(_Record):
     """meta.json. Every field may be absent on read; one that is there has its type."""
 
@@ -217,6 +255,7 @@ class RunMeta(_Record):
     # Tokens in one block of the requests' `prompt_blocks` (a replayed trace's own block
     # size); None when no request carries blocks.
     prompt_block_tokens: Count | None = None
+    replay: Replay | None = None  # traffic.trace only
 
     @classmethod
     def read(cls, meta: dict[str, Any]) -> RunMeta:

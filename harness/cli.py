@@ -27,7 +27,7 @@ commands:
                         as an llm-d Benchmark Report
   qualify PLAN [--runs N] [--mutants all|a,b] [--set K=V] [--json]
                         prove each gate catches its mutants; false alarms over N runs
-  bench scheduler|server|client|analysis|proxy [--json]
+  bench scheduler|server|client|analysis|proxy|replay [--json]
                         benchmarks of each stage (`bench server --hostile`: hostile input)
   bench verdicts PLAN --runs N [--set K=V] [--json]
                         run a plan N times: the distribution of its verdicts
@@ -56,6 +56,7 @@ BENCHES_IN_PROCESS = {
     "analysis": "harness.bench.analysis:main",
     "proxy": "harness.bench.proxy:main",
     "verdicts": "harness.bench.verdicts:main",
+    "replay": "harness.bench.replay:main",
 }
 BENCHES_AS_PROCESS = {
     "scheduler": "server.scheduler.bench",

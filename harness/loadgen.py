@@ -28,6 +28,8 @@ from harness.distributed import (
     wait_for_workers,
 )
 from harness.plan import Plan
+from harness.replay import CLASS_NAME as REPLAY_CLASS
+from harness.replay import start_replay
 from harness.sink import RecordSink, record_row
 from workloads.records import install_record_hook
 
@@ -135,10 +137,14 @@ class LoadGenerator:
         `watch`, polled with the seconds elapsed, gives a reason (a gate with abort_on_fail
         failed); `stopped_early` keeps the reason."""
         load = self.plan.load
+        replays = self._replay_users()
         if self.env.shape_class is not None:
             self.runner.start_shape()
         else:
-            self.runner.start(load.users, spawn_rate=load.spawn_rate)
+            users = load.users + replays if self.plan.traffic.classes else replays
+            self.runner.start(users, spawn_rate=max(load.spawn_rate, replays))
+        if replays:
+            start_replay(self.env)
         started = time.monotonic()
         deadline = started + duration_s
         while time.monotonic() < deadline:
@@ -154,6 +160,18 @@ class LoadGenerator:
                 log.warning("stopping the load early: %s", self.stopped_early)
                 break
         self.stop_users()
+
+    def _replay_users(self) -> int:
+        """The replay's users: one per load-generator process (each sends its share of the
+        trace), none without a trace."""
+        replay = next((c for c in self.env.user_classes if c.__name__ == REPLAY_CLASS), None)
+        if replay is None:
+            return 0
+        processes = 1
+        if isinstance(self.runner, MasterRunner):
+            processes = max(len(self.runner.clients), 1)
+        replay.fixed_count = processes
+        return processes
 
     def _hopeless(self, elapsed_s: float) -> str | None:
         """Why the load should stop now: the target failed nearly every request in the first

@@ -29,7 +29,7 @@ from contract.runmeta import RunMeta, RunStatus
 from gates import run_profile, schema
 from gates.rundir import read_table
 from gates.spec import load_gate_file
-from harness import rundir, summary
+from harness import replay, rundir, summary
 from harness.faults.admin import ReplicaAdmin
 from harness.faults.base import ReplicaAdminAPI
 from harness.faults.proxy import ProxyInPath, start_proxy_in_path
@@ -45,8 +45,8 @@ from harness.samplers.nvml import describe_gpus, load_pynvml
 from harness.samplers.process import OWN_ROLE, SamplerConfig
 from harness.sink import RecordSink
 from harness.target import Deployment, ManagedVllmDeployment, RunningTarget, make_deployment
-from harness.traffic import build_shape, build_user_classes, target_profile
-from workloads.block_ids import BLOCK_TOKENS
+from harness.traffic import build_shape, build_user_classes, run_block_tokens, target_profile
+from workloads.blocks import BlockCheck
 from workloads.prompts import generator_for
 from workloads.shapes import StepRampShape
 
@@ -111,6 +111,7 @@ class Orchestrator:
         self.progress: Progress | None = None
         self.shape: Any = None
         self.gpus: list[dict[str, Any]] = []
+        self.blocks: BlockCheck | None = None  # a replay's block text, tokenized
         # The server profile the run uses, kept in meta.json from its first write, so judging
         # the run again later reads what it was made with, not the profile files of that day.
         self.profile = target_profile(plan)
@@ -227,6 +228,7 @@ class Orchestrator:
         # the users' traffic goes through the proxy when there is one; samplers never do
         traffic_url = self.proxy.traffic_url if self.proxy else self.target.base_url
         classes = build_user_classes(self.plan, traffic_url)
+        self.blocks = replay.check_blocks(self.plan)
         self.shape = build_shape(self.plan)
         self.loadgen = LoadGenerator(
             self.plan, classes, self.shape, traffic_url, self.sink, self.layout
@@ -516,11 +518,10 @@ class Orchestrator:
         """meta.json as the run stands: built as a RunMeta (contract/runmeta.py), so a field
         it does not name, or a value of the wrong type, fails here rather than in a reader."""
         lag: dict[str, float | None] = {"p99": None, "max": None}
+        samples = None
         if counts and schema.SAMPLES in counts:
-            lag = summary.sim_lag_ms(
-                read_table(self.run_dir, schema.SAMPLES).frame,
-                read_table(self.run_dir, schema.FAULTS).frame,
-            )
+            samples = read_table(self.run_dir, schema.SAMPLES).frame
+            lag = summary.sim_lag_ms(samples, read_table(self.run_dir, schema.FAULTS).frame)
         phases, capacity = self._shape_facts()
         gen = self.loadgen
         meta = RunMeta(
@@ -566,11 +567,22 @@ class Orchestrator:
             tables=counts,
         )
         self._note_block_size(meta)
+        self._note_replay(meta, samples, bool(counts and schema.REQUESTS in counts))
         rundir.write_meta(self.run_dir, meta)
+
+    def _note_replay(self, meta: RunMeta, samples: Any, written: bool) -> None:
+        """meta.json's `replay` for a plan with a trace; with its schedule error, once the
+        requests table is written."""
+        if self.plan.traffic.trace is None:
+            return
+        requests = read_table(self.run_dir, schema.REQUESTS).frame if written else None
+        c = self.clock
+        stress = (c.load_start, c.load_end) if c.load_start and c.load_end else None
+        meta.replay = replay.replay_meta(self.plan, requests, samples, stress, self.blocks)
 
     def _note_block_size(self, meta: RunMeta) -> None:
         """meta.json's `prompt_block_tokens` once a record carries blocks: kvgate's own
-        classes cut prompts in blocks of BLOCK_TOKENS, unless a part of the run that knows
-        its own size (a replayed trace) has given it already."""
+        classes cut prompts in blocks of BLOCK_TOKENS, or of a replayed trace's own size,
+        which every class of the run then uses."""
         if meta.prompt_block_tokens is None and self.sink.with_blocks:
-            meta.prompt_block_tokens = BLOCK_TOKENS
+            meta.prompt_block_tokens = run_block_tokens(self.plan)

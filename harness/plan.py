@@ -28,6 +28,7 @@ from contract import servers
 from contract.host import FOREIGN_MEAN_BOUND_SHARE, FOREIGN_WINDOW_BOUND_SHARE
 from harness.faults.base import FaultSpec
 from harness.faults.registry import FAULT_MODELS, Fault
+from harness.plan_trace import SCHEDULE_ERROR_BOUND_MS, TraceSpec
 
 if TYPE_CHECKING:
     from workloads.users import KvgateUser
@@ -229,7 +230,9 @@ class TrafficClass(_Strict):
 
 
 class Traffic(_Strict):
-    classes: dict[str, TrafficClass] = Field(min_length=1)
+    classes: dict[str, TrafficClass] = Field(default_factory=dict)
+    # a production trace replayed open loop beside the classes (harness/plan_trace.py)
+    trace: TraceSpec | None = None
     stop_timeout_s: float = Field(20.0, ge=0, le=300)  # in-flight requests may finish this long
     # Every class's prompt sizes (prompt_tokens, prefix_tokens) times this: a server whose
     # tokenizer counts kvgate's prompts differently (the report gives the ratio it saw) gets
@@ -243,6 +246,11 @@ class Traffic(_Strict):
         from workloads.users.registry import NAME_PATTERN, attribute_errors  # see traffic_classes
 
         known = traffic_classes()
+        if not self.classes and self.trace is None:
+            raise ValueError(
+                "traffic has neither classes nor a trace: give traffic.classes (the traffic "
+                "classes' users) or traffic.trace (a production trace to replay), or both"
+            )
         errors: list[InitErrorDetails] = []
         for name, spec in self.classes.items():
             if spec.base is None and name not in known:
@@ -360,6 +368,9 @@ class Samplers(_Strict):
     # numbers). 1 never invalidates: other processes cannot use more than every CPU.
     foreign_cpu_bound_share: float = Field(FOREIGN_MEAN_BOUND_SHARE, gt=0, le=1)
     foreign_cpu_window_bound_share: float = Field(FOREIGN_WINDOW_BOUND_SHARE, gt=0, le=1)
+    # A replayed trace's requests may go out this late at p99 (t_send - t_scheduled) before
+    # the run is INVALID (gates/evidence/checks_schedule.py says why this number).
+    schedule_error_bound_ms: float = Field(SCHEDULE_ERROR_BOUND_MS, gt=0)
 
 
 class Misconfiguration(_Strict):
@@ -389,6 +400,41 @@ class Plan(_Strict):
     # what `kvgate qualify` runs besides the plan itself on a target other than the
     # reference server: each must fail its gates (and the run)
     misconfigurations: dict[str, Misconfiguration] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _trace_fits(self) -> Plan:
+        """A replay's load lasts its span plus its drain unless the plan says otherwise; a
+        load of fixed length must hold every send of the replay."""
+        spec = self.traffic.trace
+        if spec is None:
+            return self
+        from contract.trace import TraceError
+        from harness.plan_trace import schedule
+
+        try:
+            replay = schedule(spec, self.base_dir)
+        except TraceError as exc:
+            text = str(exc)
+            raise ValueError(
+                text if text.startswith("traffic.") else f"traffic.trace: {text}"
+            ) from None
+        if not replay.requests:
+            raise ValueError(
+                f"traffic.trace: no request of {spec.path} is left to send ({replay.in_window} "
+                f"in the window, {replay.skipped} skipped over max_input_tokens, "
+                f"{replay.unmatched} matched no rule); widen the window or the rules"
+            )
+        load = self.load
+        wanted = replay.span_s + spec.drain_s
+        if "duration_s" not in load.model_fields_set and load.until == "duration":
+            load.duration_s = max(wanted, 1.0)
+        elif load.until == "duration" and replay.span_s >= load.duration_s:
+            raise ValueError(
+                f"traffic.trace: the replay sends for {replay.span_s:.0f} s, longer than "
+                f"load.duration_s ({load.duration_s:g} s); leave duration_s out (the replay's "
+                f"span plus drain_s: {wanted:.0f} s), or shorten the window"
+            )
+        return self
 
     @model_validator(mode="after")
     def _until_fits(self) -> Plan:

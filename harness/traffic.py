@@ -19,6 +19,9 @@ from locust import LoadTestShape, User
 import contract
 from contract import servers
 from harness.plan import ExternalTarget, Plan, ReferenceTarget
+from harness.plan_trace import schedule
+from harness.replay import replay_user_class
+from workloads.block_ids import BLOCK_TOKENS
 from workloads.dialect import Dialect
 from workloads.users import USER_CLASSES, registry
 
@@ -75,11 +78,13 @@ def build_user_classes(plan: Plan, host: str) -> list[type[User]]:
     the target's dialect. The plan's validation checked each class's name and attributes
     against the registry; the same attribute model converts them here."""
     dialect, profile = target_dialect(plan), target_profile(plan)
+    block_tokens = run_block_tokens(plan)
     built: list[type[User]] = []
     for name, spec in plan.traffic.classes.items():
         base = USER_CLASSES[spec.base or name]
         attrs = registry.configure(base, spec.attributes)
         attrs.update(host=host, weight=spec.weight, abstract=False, dialect=dialect)
+        attrs.setdefault("block_tokens", block_tokens)
         if plan.traffic.prompt_scale != 1.0:
             for size in PROMPT_SIZES:
                 if hasattr(base, size):
@@ -102,9 +107,35 @@ def build_user_classes(plan: Plan, host: str) -> list[type[User]]:
         _check_priorities(cls, f"traffic.classes.{name}")
         _warn_unsent(cls, name, dialect, profile)
         built.append(cls)
+    replay = replay_user_class(plan, _replay_attributes(plan, host, dialect, block_tokens))
+    if replay is not None:
+        built.append(replay)
     if not built:
         raise TrafficError("traffic.classes: every class has weight 0; nothing would run")
     return built
+
+
+def run_block_tokens(plan: Plan) -> int:
+    """The run's one block size for the records' `prompt_blocks`: a replayed trace's own
+    (scaled) blocks, else BLOCK_TOKENS."""
+    spec = plan.traffic.trace
+    if spec is None:
+        return BLOCK_TOKENS
+    return schedule(spec, plan.base_dir).block_tokens or BLOCK_TOKENS
+
+
+def _replay_attributes(
+    plan: Plan, host: str, dialect: Dialect, block_tokens: int
+) -> dict[str, Any]:
+    attrs: dict[str, Any] = {
+        "host": host,
+        "dialect": dialect,
+        "seed": plan.seed,
+        "block_tokens": block_tokens,
+    }
+    if isinstance(plan.target, ReferenceTarget) or plan.target.model:
+        attrs["model"] = plan.target.model
+    return attrs
 
 
 def _check_priorities(cls: type, where: str) -> None:

@@ -83,9 +83,11 @@ def prompt_block_ids(
     return tuple(ids)
 
 
-def prompt_blocks(messages: Iterable[Mapping[str, str]], tokens: int) -> str | None:
+def prompt_blocks(
+    messages: Iterable[Mapping[str, str]], tokens: int, block_tokens: int = BLOCK_TOKENS
+) -> str | None:
     """The record's `prompt_blocks`: the ids space-separated (None for an empty prompt)."""
-    return " ".join(prompt_block_ids(messages, tokens)) or None
+    return " ".join(prompt_block_ids(messages, tokens, block_tokens)) or None
 
 
 # A piece is a message's start (its role, no tokens) or a run with its length so far.

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import statistics
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,7 +33,10 @@ except ImportError:  # pragma: no cover - a Locust that renamed it
 
 from contract import FaultEffect
 from harness.plan import ExternalTarget, Plan, ReferenceTarget, VllmTarget
+from harness.replay import LEAD_S
 from harness.traffic import build_shape, build_user_classes
+from workloads.openloop import TraceReplayUser
+from workloads.sources.trace import ScheduledRequest
 from workloads.users.base import KvgateUser, RequestKind
 
 # A request whose class asks for no max_tokens streams about this many tokens, assumed.
@@ -127,6 +131,15 @@ class Stream:
         return not self.phases or span.name in self.phases
 
 
+@dataclass(frozen=True, slots=True)
+class Scheduled:
+    """A replayed trace's requests of one rule: their kind and their send times (seconds
+    after the load starts), known exactly from the trace before any load."""
+
+    kind: RequestKind
+    times: tuple[float, ...]
+
+
 @dataclass(slots=True)
 class TrafficModel:
     """A plan's load as spans and streams, with what the gates' counts need besides."""
@@ -140,6 +153,7 @@ class TrafficModel:
     first_fault_s: float | None  # when the first fault fires, after the load's start
     phases: dict[str, int]  # phase name -> how many times the load enters it
     notes: list[str] = field(default_factory=list)
+    scheduled: list[Scheduled] = field(default_factory=list)  # a replayed trace's, by rule
 
     @property
     def load_s(self) -> float:
@@ -167,12 +181,16 @@ class TrafficModel:
             if stream.per_user_s is None:
                 return None
             total += user_seconds * stream.per_user_s
+        for replayed in self.scheduled:
+            if chosen(replayed.kind):
+                total += sum(1 for t in replayed.times if any(a <= t < b for a, b in window))
         return total
 
     def tenants(self) -> set[str]:
-        """The tenants of every stream that has users in some stretch."""
+        """The tenants of every stream that has users in some stretch, and a replay's."""
         running = {name for span in self.spans for name, n in span.users.items() if n}
-        return {s.kind.tenant for s in self.streams if s.plan_class in running}
+        streams = {s.kind.tenant for s in self.streams if s.plan_class in running}
+        return streams | {r.kind.tenant for r in self.scheduled if r.times}
 
 
 def _overlap(span: Span, window: Window) -> float:
@@ -187,12 +205,24 @@ def model(plan: Plan, classes: Sequence[type[User]] | None = None) -> TrafficMod
     spans, notes = _spans(plan, built)
     # Without a shape there are no phases, and a class restricted to some sends all along.
     phased = plan.load.shape != "constant"
-    streams = [stream for cls in built for stream in _streams(cls, speed, phased)]
+    streams = [
+        stream
+        for cls in built
+        if not issubclass(cls, TraceReplayUser)
+        for stream in _streams(cls, speed, phased)
+    ]
     phases: dict[str, int] = {}
     for span in spans:
         phases[span.name] = phases.get(span.name, 0) + 1
     target = plan.target
     scrape = plan.samplers.prometheus
+    scheduled = _scheduled(built, plan.load.duration_s)
+    if scheduled:
+        sent = sum(len(r.times) for r in scheduled)
+        notes.append(
+            f"the replayed trace's {sent} requests within the load are counted from the trace "
+            "itself, at their scheduled times, not from assumed latencies"
+        )
     return TrafficModel(
         spans=spans,
         streams=streams,
@@ -207,7 +237,33 @@ def model(plan: Plan, classes: Sequence[type[User]] | None = None) -> TrafficMod
         first_fault_s=min((f.at_s for f in plan.faults), default=None),
         phases=phases,
         notes=notes,
+        scheduled=scheduled,
     )
+
+
+def _scheduled(built: Sequence[type[User]], duration_s: float) -> list[Scheduled]:
+    """A replay's requests by rule, at the times its schedule gives, within the load."""
+    replay = next((c for c in built if issubclass(c, TraceReplayUser)), None)
+    if replay is None or replay.schedule is None:
+        return []
+    by_rule: dict[int, list[ScheduledRequest]] = {}
+    for request in replay.schedule.requests:
+        if LEAD_S + request.at_s < duration_s:
+            by_rule.setdefault(request.rule, []).append(request)
+    found = []
+    for index, requests in sorted(by_rule.items()):
+        rule = replay.rules[index]
+        kind = RequestKind(
+            count=1,
+            in_series=1,
+            traffic_class=rule.traffic_class,
+            priority=rule.priority,
+            tenant=rule.tenant,
+            prompt_tokens=round(statistics.median(r.input_tokens for r in requests)),
+            max_tokens=round(statistics.median(r.output_tokens for r in requests)),
+        )
+        found.append(Scheduled(kind, tuple(LEAD_S + r.at_s for r in requests)))
+    return found
 
 
 def _streams(cls: type[User], speed: Speed, phased: bool) -> list[Stream]:

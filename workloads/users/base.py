@@ -28,7 +28,7 @@ from locust.exception import LocustError, StopUser
 from locust.user.task import LOCUST_STATE_STOPPING
 
 from contract import Outcome
-from workloads.block_ids import prompt_blocks
+from workloads.block_ids import BLOCK_TOKENS, prompt_blocks
 from workloads.client import StreamClient, StreamRequest, StreamResult
 from workloads.dialect import Dialect
 from workloads.prompts import DEFAULT_TOKENIZER_PATH, PromptGenerator, generator_for
@@ -158,6 +158,9 @@ class KvgateUser(User):
     # start and stop no users (a task under way finishes). Without a shape that records
     # phases (a distributed worker's), a class always sends.
     phases: ClassVar[tuple[str, ...]] = ()
+    # Tokens per block of the records' `prompt_blocks`: the harness gives every class of a
+    # run one size (a replayed trace's, when its blocks have another).
+    block_tokens: ClassVar[int] = BLOCK_TOKENS
     wait_time = between(0.1, 1.0)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -347,6 +350,9 @@ class KvgateUser(User):
         probe_group: str | None = None,
         max_tokens: int | None = None,
         watch: Callable[[StreamResult], object] | None = None,
+        traffic_class: str | None = None,
+        blocks: str | None = None,
+        t_scheduled: float | None = None,
     ) -> StreamResult:
         """Sends one streaming chat request and emits its record; never raises for an ending.
 
@@ -356,7 +362,9 @@ class KvgateUser(User):
         caller's priority on every channel the target has (an escalation probe). `probe` and
         `probe_group` tag a security probe's record (contract.PROBE_ROLES). `max_tokens`
         replaces the class's for this request; `watch` is handed the result before the
-        request goes out, so another greenlet can follow it as it streams."""
+        request goes out, so another greenlet can follow it as it streams. A replayed
+        request records the `traffic_class` its rule gave, its trace's block ids (`blocks`)
+        and its planned send time (`t_scheduled`, epoch s)."""
         request_id = f"kvg-{uuid.uuid4().hex}"
         who = caller or self.caller()
         request = self.build_request(
@@ -373,7 +381,7 @@ class KvgateUser(User):
         if watch is not None:
             watch(result)
         meta = RequestMeta(
-            traffic_class=self.traffic_class,
+            traffic_class=traffic_class or self.traffic_class,
             tenant=who.tenant,
             priority=who.priority,
             api_key_name=who.api_key_name,
@@ -383,7 +391,9 @@ class KvgateUser(User):
             asked_priority=who.priority if any(self.asks_priority(insist_priority)) else None,
             probe=probe,
             probe_group=probe_group,
-            prompt_blocks=prompt_blocks(messages, target_prompt_tokens),
+            t_scheduled=t_scheduled,
+            prompt_blocks=blocks
+            or prompt_blocks(messages, target_prompt_tokens, self.block_tokens),
         )
         try:
             self.client.stream(request, result)
