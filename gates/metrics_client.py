@@ -27,8 +27,10 @@ import pandas as pd
 import contract
 from contract import Outcome
 from contract.enums import FAILED_OUTCOMES, answered_empty
+from gates.keys import per_distinct
 from gates.metrics_requests import (
     EMPTY,
+    RECORD_COLUMNS,
     REQUEST_FILTERS,
     _describe,
     _evidence,
@@ -45,7 +47,7 @@ TOP_ERRORS = 5
 
 def _judged(run: RunData, flt: GateFilter) -> tuple[pd.DataFrame, list[str]] | str:
     """The requests these metrics judge, and notes on what was left out (or why none)."""
-    rows = select(run.requests, run, flt, "t_send")
+    rows = select(run.requests[RECORD_COLUMNS], run, flt, "t_send")
     if isinstance(rows, str):
         return rows
     probes = rows["probe"].notna() if "probe" in rows else pd.Series(False, index=rows.index)
@@ -91,14 +93,34 @@ def failed(rows: pd.DataFrame) -> pd.Series:
     return (ended_badly | server_error | client_error).fillna(False).astype(bool)
 
 
+# What `breakdown` reads: a class's rows and what `failure_label` reads of them.
+LABELLED = [
+    "traffic_class",
+    "http_status",
+    "outcome",
+    "error_code",
+    "error_message",
+    "chunks",
+    "max_tokens",
+]
+
+
 def failure_label(rows: pd.DataFrame) -> pd.Series:
     """`HTTP 503 rejected deadline_expired`: one short label per request, its status, outcome
     and error code (the message only when there is no code, cut short), so requests that
     failed alike count together. The gates' notes and the reports' outcome table share it."""
     if rows.empty:
         return pd.Series([], dtype=object)
+    ending = ["http_status", "outcome", "error_code", "error_message"]
+    endings = rows[ending].assign(empty=answered_empty_rows(rows))
+    return per_distinct(endings, [*ending, "empty"], _labels)
+
+
+def _labels(rows: pd.DataFrame) -> pd.Series:
+    """`failure_label` of rows that say whether each was an empty answer (`empty`)."""
+    empty = rows["empty"]
     status = rows["http_status"].map(lambda s: "" if pd.isna(s) else f"HTTP {int(s)} ").astype(str)
-    code = rows["error_code"].mask(answered_empty_rows(rows), EMPTY).fillna("").astype(str)
+    code = rows["error_code"].mask(empty, EMPTY).fillna("").astype(str)
     message = rows["error_message"].fillna("").astype(str).str.slice(0, 80)
     return (
         status + rows["outcome"].astype(str) + " " + code.where(code.ne(""), message)
@@ -108,7 +130,7 @@ def failure_label(rows: pd.DataFrame) -> pd.Series:
 def breakdown(rows: pd.DataFrame, bad: pd.Series) -> list[str]:
     """Per traffic class: how many failed of how many, and the commonest reasons."""
     lines = []
-    for klass, group in rows.groupby("traffic_class", sort=True):
+    for klass, group in rows[LABELLED].groupby("traffic_class", sort=True):
         hit = bad[group.index]
         if not hit.any():
             continue
@@ -135,7 +157,7 @@ def availability(run: RunData, flt: GateFilter, params: Mapping[str, Any]) -> Ob
     rows, notes = judged
     bad = failed(rows)
     frame = _evidence(rows, (~bad).astype(float), "t_send")
-    frame["detail"] = frame["detail"] + " " + failure_label(rows).to_numpy()
+    frame["detail"] = frame["detail"] + " " + failure_label(rows).array
     return Observations(frame=frame, n_samples=len(rows), notes=breakdown(rows, bad) + notes)
 
 
@@ -156,7 +178,7 @@ def timeouts_disconnects(run: RunData, flt: GateFilter, params: Mapping[str, Any
     rows, notes = judged
     hit = rows["outcome"].isin((Outcome.TIMEOUT, Outcome.DISCONNECTED))
     frame = _evidence(rows, hit.astype(float), "t_send")
-    frame["detail"] = frame["detail"] + " " + failure_label(rows).to_numpy()
+    frame["detail"] = frame["detail"] + " " + failure_label(rows).array
     counts = rows.loc[hit, "outcome"].value_counts()
     if not counts.empty:
         notes = [", ".join(f"{n} {o}" for o, n in counts.items()), *breakdown(rows, hit), *notes]

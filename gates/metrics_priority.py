@@ -19,10 +19,12 @@ import pandas as pd
 
 import contract
 from contract import EventKind
-from gates.metrics_requests import REQUEST_FILTERS, ttft
-from gates.registry import Cause, Observations, metric
+from gates.keys import first_index, text_codes
+from gates.metrics_requests import REQUEST_FILTERS
+from gates.registry import REGISTRY, Cause, Observations, metric
 from gates.rundir import RunData
 from gates.terms import GateFilter
+from gates.windows import isin
 
 WAIT_STARTS = (EventKind.QUEUED, EventKind.PREEMPTED)
 WAIT_ENDS = (
@@ -38,23 +40,28 @@ WAIT_ENDS = (
 def waiting_spans(events: pd.DataFrame, t_end: float) -> pd.DataFrame:
     """One row per stretch a request spent waiting: request_id, priority, t0, t1 (t_end when
     the run ended with it still waiting)."""
-    ev = events[events["event"].isin(WAIT_STARTS + WAIT_ENDS) & events["request_id"].notna()]
+    wanted = events["event"].isin(WAIT_STARTS + WAIT_ENDS) & events["request_id"].notna()
+    ev = events.loc[wanted, ["request_id", "priority", "event", "t", "seq"]]
     if ev.empty:
         return pd.DataFrame(columns=["request_id", "priority", "t0", "t1"])
-    ev = ev.sort_values(["request_id", "t", "seq"], kind="stable")
-    starts = ev["event"].isin(WAIT_STARTS).to_numpy()
-    same = ev["request_id"].eq(ev["request_id"].shift(-1)).to_numpy()
-    t_next = ev["t"].shift(-1).to_numpy(dtype=float)
-    t1 = np.where(same, t_next, t_end)
-    spans = pd.DataFrame(
+    # each request's events in time order (seq breaks ties), the requests side by side
+    ids, t = text_codes(ev["request_id"]), ev["t"].to_numpy(dtype=float)
+    order = np.lexsort((ev["seq"].to_numpy(dtype=float), t, ids))
+    ids, t = ids[order], t[order]
+    starts = ev["event"].isin(WAIT_STARTS).to_numpy()[order]
+    same = np.append(ids[1:] == ids[:-1], False)
+    t1 = np.where(same, np.append(t[1:], np.nan), t_end)
+    kept = np.flatnonzero(starts & (t1 > t))
+    rows = order[kept]
+    return pd.DataFrame(
         {
-            "request_id": ev["request_id"].to_numpy(),
-            "priority": ev["priority"].to_numpy(),
-            "t0": ev["t"].to_numpy(dtype=float),
-            "t1": t1,
-        }
+            "request_id": ev["request_id"].array.take(rows),
+            "priority": ev["priority"].array.take(rows),
+            "t0": t[kept],
+            "t1": t1[kept],
+        },
+        index=kept,
     )
-    return spans[starts & (spans["t1"] > spans["t0"])]
 
 
 def lower_waiting(spans: pd.DataFrame, t: np.ndarray, priority: np.ndarray) -> np.ndarray:
@@ -93,14 +100,16 @@ def ttft_under_pressure(run: RunData, flt: GateFilter, params: Mapping[str, Any]
             "so whether it serves higher priorities first cannot be judged: the plan needs "
             "more work than the server holds at once"
         )
-    latencies = ttft(run, flt, {})
+    latencies = REGISTRY["ttft"].compute(run, flt, {})  # the TTFT gate's, when it has one
     if latencies.n_samples == 0:
         return latencies
     t_end = float(run.meta.get("t_end") or events["t"].max())
     spans = waiting_spans(events, t_end)
-    sent = run.requests.drop_duplicates("request_id").set_index("request_id")
+    sent = run.requests[["request_id", "priority"]]
     t_send = latencies.frame["t"].to_numpy(dtype=float)
-    priority = latencies.frame["request_id"].map(sent["priority"]).astype(str).to_numpy()
+    first = first_index(latencies.frame["request_id"], sent["request_id"])
+    priority = sent["priority"].array.take(np.maximum(first, 0)).to_numpy(dtype=object)
+    priority[first < 0] = None
     waiting = lower_waiting(spans, t_send, priority)
     pressed = waiting >= int(params["min_waiting"])
     if not pressed.any():
@@ -127,9 +136,9 @@ def _lower_ttft_note(run: RunData, spans: pd.DataFrame, times: pd.Series) -> lis
     requests faster than the work they overtook; FCFS makes them alike."""
     if spans.empty or times.empty:
         return []
-    waited = run.requests[run.requests["request_id"].isin(spans["request_id"])]
-    waited = waited[waited["ttft_s"].notna()]
-    if waited.empty:
+    ttft_s = run.requests["ttft_s"].to_numpy(dtype=float)
+    waited = ttft_s[isin(run.requests["request_id"], spans["request_id"]) & ~np.isnan(ttft_s)]
+    if waited.size == 0:
         return []
-    median = float(np.median(waited["ttft_s"].to_numpy(dtype=float)))
+    median = float(np.median(waited))
     return [f"the requests that waited had a median TTFT of {median:.3g} s"]

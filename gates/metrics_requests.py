@@ -18,24 +18,43 @@ import pandas as pd
 import contract
 from contract import ClientCode, EventKind, FinishReason, Outcome
 from contract.enums import ANSWERED_OR_CANCELLED, DEATH_EVENTS, FAILED_OUTCOMES, NORMAL_FINISHES
+from gates.keys import per_distinct
 from gates.registry import Cause, Observations, metric
 from gates.rundir import RunData
 from gates.terms import GateFilter
 from gates.windows import (
     broken_by_network,
-    counter_increase,
-    in_intervals,
     isin,
-    label_value,
     process_faults,
-    replica_deaths,
-    resolve_window,
     select,
 )
 
 REQUEST_FILTERS = ("traffic_class", "priority", "tenant", "window")
+# The columns a request's filters and its evidence row read (`select`, `_evidence`).
+ROW_KEYS = ["request_id", "traffic_class", "priority", "tenant", "replica"]
+# The server events' columns an event's filters and its evidence row read.
+EVENT_KEYS = ["t", "event", "request_id", "priority", "tenant", "replica"]
+# The requests' columns the metrics over client records read: a row selection copies only
+# these, not the whole table (a copy of every column per metric is most of the memory and
+# time of judging millions of requests).
+RECORD_COLUMNS = [
+    *ROW_KEYS,
+    "t_send",
+    "ttft_s",
+    "e2e_s",
+    "cancel_at",
+    "outcome",
+    "http_status",
+    "error_code",
+    "error_message",
+    "retry_after_s",
+    "chunks",
+    "max_tokens",
+    "completion_tokens",
+    "finish_reason",
+    "probe",
+]
 EMPTY = str(ClientCode.EMPTY_STREAM)  # the code of a record that says ok and carried nothing
-RELEASE_HISTOGRAM = "kvgate_release_latency_seconds_bucket"
 
 
 def _describe(flt: GateFilter) -> str:
@@ -44,17 +63,24 @@ def _describe(flt: GateFilter) -> str:
 
 
 def _evidence(rows: pd.DataFrame, value: pd.Series, time_column: str) -> pd.DataFrame:
-    detail = rows["traffic_class"].astype(str) + "/" + rows["priority"].astype(str)
+    detail = per_distinct(rows, ["traffic_class", "priority"], class_priority)
     return pd.DataFrame(
         {
             "value": value.to_numpy(dtype=float),
-            "request_id": rows["request_id"].to_numpy(),
+            # the text as it is held (a frame turns Python strings back into it anyway)
+            "request_id": rows["request_id"].array,
             "t": rows[time_column].to_numpy(dtype=float),
-            "tenant": rows["tenant"].to_numpy(),
-            "replica": rows["replica"].to_numpy(),
-            "detail": detail.to_numpy(),
+            "tenant": rows["tenant"].array,
+            "replica": rows["replica"].array,
+            "detail": detail.array,
         }
     )
+
+
+def class_priority(rows: pd.DataFrame) -> pd.Series:
+    """`short_qa/critical`: each request's traffic class and priority, as evidence and the
+    report's TTFT table name them."""
+    return rows["traffic_class"].astype(str) + "/" + rows["priority"].astype(str)
 
 
 def answered_empty_rows(rows: pd.DataFrame) -> pd.Series:
@@ -82,7 +108,7 @@ def latencies(rows: pd.DataFrame, column: str) -> pd.Series:
 def _latency(run: RunData, flt: GateFilter, column: str, what: str) -> Observations:
     """Each request's latency (`latencies`): +inf for one the server failed to answer (a
     breach); the requests left out are counted in notes."""
-    rows = select(run.requests, run, flt, "t_send")
+    rows = select(run.requests[RECORD_COLUMNS], run, flt, "t_send")
     if isinstance(rows, str):
         return Observations.none(rows)
     value = latencies(rows, column)
@@ -143,140 +169,13 @@ def e2e(run: RunData, flt: GateFilter, params: Mapping[str, Any]) -> Observation
 )
 def outcome_rate(run: RunData, flt: GateFilter, params: Mapping[str, Any]) -> Observations:
     """1 for each request that ended with the given outcome, 0 otherwise (use `rate`)."""
-    rows = select(run.requests, run, flt, "t_send")
+    rows = select(run.requests[RECORD_COLUMNS], run, flt, "t_send")
     if isinstance(rows, str):
         return Observations.none(rows)
     if rows.empty:
         return Observations.none(f"no {_describe(flt)} request was sent")
     hit = rows["outcome"].eq(str(params["outcome"])).astype(float)
     return Observations(frame=_evidence(rows, hit, "t_send"), n_samples=len(rows))
-
-
-@metric(
-    "cancel_release_latency",
-    filters=REQUEST_FILTERS,
-    unit="s",
-    kind="trend",
-    timing=True,
-    cause=Cause.RELEASE_DEFECT,
-    cause_weight=2,  # a late or missing release is the release path itself
-    params={"skew_s": 0.5},
-)
-def cancel_release_latency(
-    run: RunData, flt: GateFilter, params: Mapping[str, Any]
-) -> Observations:
-    """Seconds from a client's cancel to the `released` event for that request, logged by
-    the replica that held it (its last admission); a release logged by any other replica
-    frees nothing there and does not count."""
-    events = run.server_events
-    if not events["event"].eq(EventKind.ADMITTED).any():
-        return _release_from_histogram(run, flt)
-    rows = select(run.requests[run.requests["cancel_at"].notna()], run, flt, "cancel_at")
-    if isinstance(rows, str):
-        return Observations.none(rows)
-    holders = holding_replica(events)
-    rows = rows[isin(rows["request_id"], holders.index)]
-    if rows.empty:
-        return Observations.none(
-            f"no cancelled {_describe(flt)} request held a reservation, so release after cancel "
-            "cannot be measured; the plan needs cancellations"
-        )
-    released = events.loc[events["event"].eq(EventKind.RELEASED), ["request_id", "replica", "t"]]
-    held = rows[["request_id", "cancel_at"]].assign(replica=rows["request_id"].map(holders))
-    joined = held.merge(released, on=["request_id", "replica"], how="left")
-    late = joined[joined["t"] >= joined["cancel_at"] - float(params["skew_s"])]
-    first_after = late.groupby("request_id", sort=False)["t"].min()
-    any_release = joined.dropna(subset=["t"]).groupby("request_id", sort=False)["t"].size()
-    ids = rows["request_id"]
-    t_release = ids.map(first_after)
-    released_before = t_release.isna() & ids.map(any_release).notna()
-    # A replica that died took its reservations with it: that death is the release.
-    unreleased = t_release.isna() & ~released_before
-    death = _death_after(run, events, rows[unreleased], float(params["skew_s"]))
-    death = death.reindex(rows.index)
-    by_death = t_release.isna() & ~released_before & death.notna()
-    never = t_release.isna() & ~released_before & ~by_death
-    latency = (t_release.fillna(death) - rows["cancel_at"]).clip(lower=0.0)
-    latency = latency.mask(released_before, 0.0).mask(never, np.inf)
-    frame = _evidence(rows, latency, "cancel_at")
-    frame.loc[by_death.to_numpy(), "detail"] = "freed by the death of its replica"
-    frame.loc[never.to_numpy(), "detail"] = "never released: a leaked reservation (+inf)"
-    notes = []
-    if never.any():
-        notes.append(f"{int(never.sum())} cancelled requests were never released (+inf each)")
-    if by_death.any():
-        notes.append(f"{int(by_death.sum())} cancelled requests were freed by a replica's death")
-    holder_of = released["request_id"].map(holders)
-    elsewhere = isin(released["request_id"], ids) & released["replica"].ne(holder_of)
-    if elsewhere.any():
-        notes.append(
-            f"{int(elsewhere.sum())} releases of these requests were logged by a replica other "
-            "than the one that last admitted them, and free nothing there"
-        )
-    return Observations(frame=frame, n_samples=len(rows), notes=notes)
-
-
-def holding_replica(events: pd.DataFrame) -> pd.Series:
-    """request_id -> the replica of its last admission: the one whose pool holds its blocks
-    (a retry elsewhere admits it again; the replica it left freed it or died)."""
-    admitted = events[events["event"].eq(EventKind.ADMITTED) & events["request_id"].notna()]
-    holder: pd.Series = (
-        admitted.sort_values("t", kind="stable").groupby("request_id")["replica"].last()
-    )
-    return holder
-
-
-def _death_after(
-    run: RunData, events: pd.DataFrame, rows: pd.DataFrame, skew_s: float
-) -> pd.Series:
-    """Per cancelled request: when the replica holding it first died after the cancel."""
-    holder = holding_replica(events)
-    deaths = pd.concat(
-        [
-            events.loc[events["event"].isin(DEATH_EVENTS), ["replica", "t"]],
-            replica_deaths(run.faults)[["target", "t_start"]].rename(
-                columns={"target": "replica", "t_start": "t"}
-            ),
-        ],
-        ignore_index=True,
-    ).dropna()
-    result = pd.Series(np.nan, index=rows.index, dtype=float)
-    if deaths.empty:
-        return result
-    replica = rows["request_id"].map(holder)
-    for index, (where, cancel_at) in enumerate(zip(replica, rows["cancel_at"], strict=True)):
-        later = deaths.loc[deaths["replica"].eq(where) & (deaths["t"] >= cancel_at - skew_s), "t"]
-        if not later.empty:
-            result.iloc[index] = float(later.min())
-    return result
-
-
-def _release_from_histogram(run: RunData, flt: GateFilter) -> Observations:
-    """Fallback without server events: the release histogram, counts at bucket upper bounds."""
-    samples = run.samples[run.samples["metric"].eq(RELEASE_HISTOGRAM)]
-    if flt.window != "all":
-        intervals = resolve_window(run, flt.window)
-        if isinstance(intervals, str):
-            return Observations.none(intervals)
-        samples = samples[in_intervals(samples["t"], intervals)]
-    increase = counter_increase(samples)
-    if increase.empty:
-        return Observations.none("no server events and no kvgate_release_latency_seconds samples")
-    increase["le"] = pd.to_numeric(label_value(increase["labels"], "le").replace("+Inf", "inf"))
-    cumulative = increase.groupby("le")["increase"].sum().sort_index()
-    counts = cumulative.diff().fillna(cumulative).clip(lower=0).round().astype(int)
-    if counts.sum() == 0:
-        return Observations.none("the release histogram recorded no cancellation in the window")
-    bounds = counts.index.to_numpy(dtype=float)
-    finite = bounds[np.isfinite(bounds)]
-    bounds = np.where(np.isfinite(bounds), bounds, finite.max() * 2 if finite.size else 60.0)
-    values = np.repeat(bounds, counts.to_numpy())
-    frame = pd.DataFrame({"value": values, "detail": "histogram bucket upper bound"})
-    note = (
-        "from the kvgate_release_latency_seconds histogram "
-        "(upper bounds; class/priority/tenant filters not applied)"
-    )
-    return Observations(frame=frame, n_samples=len(values), notes=[note])
 
 
 # Endings the server did not choose: the replica under the request was killed (the
@@ -316,7 +215,7 @@ def _abandoned(events: pd.DataFrame, rows: pd.DataFrame, t_end: np.ndarray) -> n
     """Requests their replica had released more than DEATH_SLACK_S before the client's
     answer ended: the server let go of them and left the client waiting, so a death that
     came later did not cut them short (a dropped stream that hung until a kill)."""
-    released = events[events["event"].eq(EventKind.RELEASED)]
+    released = events.loc[events["event"].eq(EventKind.RELEASED), ["request_id", "replica", "t"]]
     if released.empty:
         return np.zeros(len(rows), dtype=bool)
     last = released.groupby(["request_id", "replica"], sort=False)["t"].max()
@@ -345,14 +244,14 @@ def preempted_completion(run: RunData, flt: GateFilter, params: Mapping[str, Any
     counts are known). A server that gives preempted work up may still close its stream
     cleanly: an `ok` alone does not show that the request was resumed and completed.
     """
-    events = select(run.server_events, run, flt, "t", class_column=None)
+    events = select(run.server_events[EVENT_KEYS], run, flt, "t", class_column=None)
     if isinstance(events, str):
         return Observations.none(events)
     preempted = events.loc[events["event"].eq(EventKind.PREEMPTED), "request_id"].dropna().unique()
     if len(preempted) == 0:
         return Observations.none("no request was preempted, so their fate cannot be judged")
-    rows = run.requests[isin(run.requests["request_id"], preempted)]
-    rows = rows[rows["cancel_at"].isna()]
+    known = isin(run.requests["request_id"], preempted)
+    rows = run.requests.loc[known & run.requests["cancel_at"].isna(), RECORD_COLUMNS]
     # A request whose replica was killed under it, or that was still running when the load
     # stopped, never had its chance to finish: that is the failover gate's business (or the
     # run's end), not evidence of starvation after preemption.
@@ -372,7 +271,7 @@ def preempted_completion(run: RunData, flt: GateFilter, params: Mapping[str, Any
             f"{int(cut.sum())} preempted requests left out: their replica died "
             "or the run ended before they could finish"
         )
-    unknown = len(preempted) - int(isin(run.requests["request_id"], preempted).sum())
+    unknown = len(preempted) - int(known.sum())
     if unknown > 0:
         notes.append(f"{unknown} preempted request ids have no client record")
     failing = why[why.ne("")].str.replace(r" after \d+ of \d+ tokens", " short", regex=True)
@@ -390,8 +289,10 @@ RUN_STATE_EVENTS = (EventKind.ADMITTED, EventKind.RESUMED, EventKind.PREEMPTED)
 def _not_completed(events: pd.DataFrame, rows: pd.DataFrame) -> pd.Series:
     """Per preempted request: why it did not complete, the first reason that holds ("" when
     it completed)."""
-    moves = events[events["event"].isin(RUN_STATE_EVENTS)]
-    moves = moves[isin(moves["request_id"], rows["request_id"].unique())]
+    moving = events["event"].isin(RUN_STATE_EVENTS).to_numpy() & isin(
+        events["request_id"], rows["request_id"].unique()
+    )
+    moves = events.loc[moving, ["request_id", "t", "seq", "event"]]
     last = moves.sort_values(["t", "seq"], kind="stable").groupby("request_id")["event"].last()
     ran_again = rows["request_id"].map(last.ne(EventKind.PREEMPTED)).fillna(False).astype(bool)
     finish = rows["finish_reason"]
@@ -425,7 +326,7 @@ def critical_preemptions(run: RunData, flt: GateFilter, params: Mapping[str, Any
     memory (reason other than contract.PREEMPT_AT_RISK): one row each; every preemption in
     the window is examined. Victims come from the lower tiers first, so critical work is
     touched only when the process itself is at risk."""
-    events = select(run.server_events, run, flt, "t", class_column=None)
+    events = select(run.server_events[[*EVENT_KEYS, "reason"]], run, flt, "t", class_column=None)
     if isinstance(events, str):
         return Observations.none(events)
     preempted = events[events["event"].eq(EventKind.PREEMPTED)]
@@ -474,7 +375,7 @@ def explicit_refusal(run: RunData, flt: GateFilter, params: Mapping[str, Any]) -
     does not allow), which are the client's to fix, not the server's way of shedding load;
     and requests cut short by a replica's death or the end of the load (`cut_short`).
     """
-    rows = select(run.requests, run, flt, "t_send")
+    rows = select(run.requests[RECORD_COLUMNS], run, flt, "t_send")
     if isinstance(rows, str):
         return Observations.none(rows)
     status = rows["http_status"]

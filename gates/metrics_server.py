@@ -16,7 +16,8 @@ from scipy.stats import beta
 from contract import EventKind, Outcome, servers
 from contract.enums import LIFECYCLE_EVENTS
 from gates import stats
-from gates.metrics_requests import DEATH_SLACK_S
+from gates.keys import pair_codes, text_codes
+from gates.metrics_requests import DEATH_SLACK_S, EVENT_KEYS, RECORD_COLUMNS
 from gates.registry import Cause, Observations, metric
 from gates.rundir import RunData
 from gates.terms import GateFilter
@@ -70,12 +71,20 @@ def oom_events(run: RunData, flt: GateFilter, params: Mapping[str, Any]) -> Obse
     """OOM signals: `oom` events, replica deaths blamed on OOM, increases of kvgate_oom_total,
     and answers whose error names an out-of-memory (how any server shows one to a client).
     Every event, counter sample and request in the window is examined."""
-    events = select(run.server_events, run, flt, "t", class_column=None)
+    events = select(
+        run.server_events[["t", "replica", "event", "reason"]], run, flt, "t", class_column=None
+    )
     if isinstance(events, str):
         return Observations.none(events)
     samples = run.samples[run.samples["metric"].eq("kvgate_oom_total")]
     samples = select(samples, run, GateFilter(window=flt.window), "t", class_column=None)
-    answers = select(run.requests, run, GateFilter(window=flt.window), "t_send", class_column=None)
+    answers = select(
+        run.requests[["t_send", "replica", "error_message"]],
+        run,
+        GateFilter(window=flt.window),
+        "t_send",
+        class_column=None,
+    )
     assert not isinstance(samples, str) and not isinstance(answers, str)  # same window
     if events.empty and samples.empty and answers.empty:
         return Observations.none(
@@ -316,10 +325,10 @@ def failover_integrity(run: RunData, flt: GateFilter, params: Mapping[str, Any])
 
 def _double_holds(all_events: pd.DataFrame, kills: pd.DataFrame, t_end: float) -> pd.DataFrame:
     """Requests whose held intervals on two replicas overlap."""
-    held = all_events[
-        all_events["event"].isin((EventKind.ADMITTED, EventKind.RESUMED))
-        & all_events["request_id"].notna()
-    ]
+    holding = all_events["event"].isin((EventKind.ADMITTED, EventKind.RESUMED))
+    holding &= all_events["request_id"].notna()
+    held = all_events.loc[holding, ["request_id", "replica", "t"]]
+    held = held[_on_two_replicas(held)]
     starts = (
         held.groupby(["request_id", "replica"], sort=False)["t"].min().rename("start").reset_index()
     )
@@ -364,6 +373,17 @@ def _double_holds(all_events: pd.DataFrame, kills: pd.DataFrame, t_end: float) -
         + bad["replica"].astype(str)
     )
     return _rows(1.0, bad["start"], bad["replica"], detail, request_id=bad["request_id"])
+
+
+def _on_two_replicas(held: pd.DataFrame) -> np.ndarray:
+    """The rows of `held` whose request is held on two replicas or more."""
+    ids, replicas = text_codes(held["request_id"]), text_codes(held["replica"])
+    named = replicas >= 0
+    n = int(replicas.max(initial=-1)) + 1
+    pairs = pd.unique(pair_codes(ids[named], replicas[named], n))
+    replicas_of = np.bincount(pairs // (n + 1), minlength=int(ids.max(initial=-1)) + 2)
+    several: np.ndarray = replicas_of[ids + 1] > 1  # pair codes count a missing id as 0
+    return several
 
 
 def _drift_after(drift: pd.DataFrame, kills: pd.DataFrame, grace_s: float) -> pd.DataFrame:
@@ -440,8 +460,8 @@ def batch_peak_trough(run: RunData, flt: GateFilter, params: Mapping[str, Any]) 
         return Observations.none(
             "meta.phases has no peak and trough phases (the shape was not peak/trough)"
         )
-    events = select(run.server_events, run, flt, "t", class_column=None)
-    requests = select(run.requests, run, flt, "t_send")
+    events = select(run.server_events[EVENT_KEYS], run, flt, "t", class_column=None)
+    requests = select(run.requests[RECORD_COLUMNS], run, flt, "t_send")
     assert not isinstance(events, str) and not isinstance(requests, str)  # no window filter
     batch_events = events[events["event"].eq(EventKind.ADMITTED) & events["priority"].eq("batch")]
     batch = requests[requests["priority"].eq("batch")]

@@ -16,7 +16,9 @@ from pandas.api.typing import SeriesGroupBy
 from contract import EventKind, Outcome, servers
 from contract.seed import SEED
 from gates.applicability import available
+from gates.keys import numbered, per_distinct, shared_codes
 from gates.metrics import REGISTRY
+from gates.metrics_requests import class_priority
 from gates.rundir import RunData
 from gates.stats import percentile
 from gates.terms import GateFilter
@@ -118,10 +120,11 @@ def markers(run: RunData) -> list[tuple[float, str]]:
 
 def ttft_quantiles(run: RunData) -> pd.DataFrame:
     """p50/p95/p99 TTFT per (traffic class, priority), with counts."""
-    rows = run.requests[run.requests["ttft_s"].notna()]
+    columns = ["traffic_class", "priority"]
+    rows = run.requests.loc[run.requests["ttft_s"].notna(), [*columns, "ttft_s"]]
     if rows.empty:
         return pd.DataFrame(columns=["group", "p50", "p95", "p99", "n"])
-    group = rows["traffic_class"].astype(str) + "/" + rows["priority"].astype(str)
+    group = per_distinct(rows, columns, class_priority)
     grouped = rows["ttft_s"].groupby(group)
     out = pd.DataFrame({f"p{q}": _percentile(grouped, q) for q in (50, 95, 99)})
     out["n"] = grouped.size()
@@ -159,7 +162,7 @@ def preempted_fates(run: RunData) -> pd.Series:
     )
     if len(ids) == 0:
         return pd.Series(dtype=float)
-    rows = run.requests[isin(run.requests["request_id"], ids)]
+    rows = run.requests.loc[isin(run.requests["request_id"], ids), ["outcome"]]
     fates = rows["outcome"].astype(str).value_counts()
     unknown = len(ids) - len(rows)
     if unknown:
@@ -173,21 +176,36 @@ def reservation_error(run: RunData) -> pd.DataFrame:
     error = used / reserved - 1: above 0 the server held more than it reserved (under-estimate).
     """
     ev = run.server_events
-    ev = ev[ev["request_id"].notna() & ev["used_tokens"].notna()]
-    admitted = ev[ev["event"].eq(EventKind.ADMITTED) & ev["reserved_tokens"].gt(0)]
-    if admitted.empty:
+    (ids, sent), texts = shared_codes(ev["request_id"], run.requests["request_id"])
+    used = ev["used_tokens"].to_numpy(dtype=float)
+    mine = (ids >= 0) & ~np.isnan(used)
+    admitted = mine & ev["event"].eq(EventKind.ADMITTED).to_numpy()
+    admitted &= ev["reserved_tokens"].to_numpy(dtype=float) > 0
+    if not admitted.any():
         return pd.DataFrame(columns=["request_id", "prompt", "reserved", "used", "error"])
-    first = admitted.drop_duplicates("request_id")[["request_id", "used_tokens", "reserved_tokens"]]
-    peak = ev.groupby("request_id", sort=False)["used_tokens"].max()
-    out = first.rename(columns={"used_tokens": "prompt", "reserved_tokens": "reserved"})
+    # each request's first admission, in the table's order
+    at = np.flatnonzero(admitted)
+    first = at[numbered(ids[at])[1]]
+    peak = pd.Series(used[mine]).groupby(ids[mine]).max()
     # Request length from the client's record (the server's usage, else the workload's aim);
     # at admission the server may not hold the prompt in KV yet.
-    req = run.requests.drop_duplicates("request_id").set_index("request_id")
-    length = req["prompt_tokens"].fillna(req["target_prompt_tokens"])
-    out["prompt"] = out["request_id"].map(length).fillna(out["prompt"]).to_numpy()
-    out["used"] = out["request_id"].map(peak).to_numpy()
+    req = run.requests
+    length = req["prompt_tokens"].fillna(req["target_prompt_tokens"]).to_numpy(dtype=float)
+    record = np.full(len(texts), -1)
+    known = np.flatnonzero(sent >= 0)
+    record[sent[known][::-1]] = known[::-1]  # the first record of each id wins
+    codes = ids[first]
+    prompt = np.append(length, np.nan)[record[codes]]  # -1: no record, no length
+    out = pd.DataFrame(
+        {
+            "request_id": ev["request_id"].array.take(first),
+            "prompt": pd.Series(prompt).fillna(pd.Series(used[first])).to_numpy(),
+            "reserved": ev["reserved_tokens"].to_numpy(dtype=float)[first],
+            "used": peak.reindex(codes).to_numpy(),
+        }
+    )
     out["error"] = out["used"] / out["reserved"] - 1.0
-    return out.reset_index(drop=True)
+    return out
 
 
 def reservation_error_by_length(errors: pd.DataFrame) -> pd.DataFrame:
@@ -223,7 +241,8 @@ def evictions(run: RunData) -> pd.Series:
 
 def quota_rejections(run: RunData) -> pd.DataFrame:
     """Rejected requests per tenant (rows) and error code (columns)."""
-    rejected = run.requests[run.requests["outcome"].eq(Outcome.REJECTED)]
+    refused = run.requests["outcome"].eq(Outcome.REJECTED)
+    rejected = run.requests.loc[refused, ["tenant", "error_code"]]
     if rejected.empty:
         return pd.DataFrame()
     codes = rejected["error_code"].fillna("unknown").astype(str)

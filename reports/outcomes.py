@@ -15,7 +15,7 @@ import contract
 from contract import Outcome
 from contract.enums import ANSWERED_OR_CANCELLED
 from gates.applicability import target_profile
-from gates.metrics_client import failure_label
+from gates.metrics_client import LABELLED, failure_label
 from gates.rundir import RunData
 from gates.windows import counter_increase
 
@@ -48,11 +48,11 @@ def _top(bad: pd.DataFrame) -> list[tuple[str, int]]:
 
 def outcome_table(run: RunData) -> tuple[list[str], list[OutcomeRow]]:
     """(the outcomes seen, in contract order; one row per traffic class, then "all")."""
-    requests = run.requests
+    requests = run.requests[LABELLED]  # grouping copies only what is read
     if requests.empty:
         return [], []
-    seen = set(requests["outcome"].dropna().astype(str))
-    columns = [o for o in contract.OUTCOMES if o in seen]
+    seen = {str(o) for o in requests["outcome"].dropna().unique()}
+    columns: list[str] = [o for o in contract.OUTCOMES if o in seen]
     rows = []
     groups = [*requests.groupby("traffic_class", sort=True), ("all", requests)]
     for klass, group in groups:
@@ -155,7 +155,8 @@ def token_ratio(run: RunData, min_tokens: int = 256) -> TokenRatio | None:
     """Over requests the server reported usage for, of prompts of at least `min_tokens`
     (where a chat template's few tokens do not dominate)."""
     rows = run.requests
-    rows = rows[rows["prompt_tokens"].notna() & rows["target_prompt_tokens"].ge(min_tokens)]
+    counted = rows["prompt_tokens"].notna() & rows["target_prompt_tokens"].ge(min_tokens)
+    rows = rows.loc[counted, ["prompt_tokens", "target_prompt_tokens", "traffic_class"]]
     if rows.empty:
         return None
     ratio = rows["prompt_tokens"].astype(float) / rows["target_prompt_tokens"].astype(float)

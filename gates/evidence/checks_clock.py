@@ -58,6 +58,7 @@ import pandas as pd
 
 from contract import EventKind
 from gates.evidence.base import Effect, Finding, evidence_check, flagged
+from gates.keys import first_index, numbered, pair_codes, text_codes
 from gates.rundir import RunData
 
 CHECK = "clock_offset"
@@ -104,31 +105,43 @@ def offset_intervals(run: RunData) -> pd.DataFrame:
     is the server_events row of the request's first entry event on that replica."""
     events = run.server_events
     server_rows = ~events["seq"].lt(0)  # the harness's rows count down from -1
-    entry = events[server_rows & events["event"].isin(ENTRY_EVENTS) & events["request_id"].notna()]
+    wanted = server_rows & events["event"].isin(ENTRY_EVENTS) & events["request_id"].notna()
+    entry = events.loc[wanted, ["replica", "request_id", "t"]]
     if entry.empty:
         return pd.DataFrame(columns=["replica", "request_id", "lo", "hi", "row"])
-    ordered = entry.sort_values("t", kind="stable")
-    first = ordered.drop_duplicates(["replica", "request_id"])
-    first = first[["replica", "request_id", "t"]].assign(row=first.index)
-    sent = run.requests.dropna(subset=["t_send"])
-    sent = sent[["request_id", "t_send", "ttft_s", "e2e_s", "cancel_at", "http_status"]]
-    pairs = first.merge(sent.drop_duplicates("request_id"), on="request_id", how="inner")
-    t_send = pairs["t_send"].to_numpy(dtype=float)
-    answered = pairs["http_status"].notna().to_numpy()
-    end = t_send + pairs["e2e_s"].to_numpy(dtype=float, na_value=np.nan)
-    end = np.where(answered, np.fmin(end, _values(pairs["cancel_at"])), np.nan)
-    one_replica = ~pairs["request_id"].duplicated(keep=False).to_numpy()
-    first_token = np.where(one_replica, t_send + _values(pairs["ttft_s"]), np.nan)
+    # each (replica, request)'s earliest entry event, in time order
+    order = np.argsort(entry["t"].to_numpy(dtype=float), kind="stable")
+    ids = text_codes(entry["request_id"])
+    keys = pair_codes(text_codes(entry["replica"]), ids, int(ids.max()) + 1)[order]
+    first = order[numbered(keys)[1]]
+    sent = run.requests.loc[
+        run.requests["t_send"].notna(),
+        ["request_id", "t_send", "ttft_s", "e2e_s", "cancel_at", "http_status"],
+    ]
+    match = first_index(entry["request_id"].iloc[first], sent["request_id"])
+    first, match = first[match >= 0], match[match >= 0]
+
+    def sent_value(column: str) -> np.ndarray:
+        values: np.ndarray = _values(sent[column])[match]
+        return values
+
+    t_send = sent_value("t_send")
+    answered = ~np.isnan(sent_value("http_status"))
+    end = t_send + sent_value("e2e_s")
+    end = np.where(answered, np.fmin(end, sent_value("cancel_at")), np.nan)
+    which = numbered(ids[first])[0]
+    one_replica = np.bincount(which)[which] == 1
+    first_token = np.where(one_replica, t_send + sent_value("ttft_s"), np.nan)
     seen = np.fmin(first_token, end)
-    t = pairs["t"].to_numpy(dtype=float)
+    t = entry["t"].to_numpy(dtype=float)[first]
     lo = np.where(np.isnan(seen), -np.inf, t - seen)
     return pd.DataFrame(
         {
-            "replica": pairs["replica"].astype(str).to_numpy(),
-            "request_id": pairs["request_id"].to_numpy(),
+            "replica": entry["replica"].array.take(first),
+            "request_id": entry["request_id"].array.take(first),
             "lo": lo,
             "hi": t - t_send,
-            "row": pairs["row"].to_numpy(),
+            "row": entry.index.to_numpy()[first],
         }
     )
 
