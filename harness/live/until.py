@@ -21,8 +21,9 @@ with its minimum samples), on records that hold everything the decision is about
 A blocking gate decided FAIL, at any look, is a decision too: it stops the load once
 min_duration_s has passed, at once, since no more evidence would change it and the run fails
 anyway. At max_duration_s the load stops whatever the gates say (the load generator's
-deadline), and the record says which were still undecided. The verdict still judges
-everything collected by its fixed-n intervals.
+deadline), and the record says which were still undecided (or that the last look had
+decided them all, where the boundary the load was to end at was the maximum itself). The
+verdict still judges everything collected by its fixed-n intervals.
 """
 
 from __future__ import annotations
@@ -138,6 +139,12 @@ class UntilDecided:
             return True
         return result is not None and int(result.get("n") or 0) > 0
 
+    def _settled_at_last_look(self) -> bool:
+        """Whether the last look settled every gate that holds the load."""
+        return all(gid in self.gates for gid in self.key) and all(
+            r.get("settled") for gid, r in self.gates.items() if self._holds(gid, r)
+        )
+
     def _decide(self, at_s: float, reason: str) -> None:
         self.decided_at_s, self.reason = at_s, reason
 
@@ -191,6 +198,15 @@ class UntilDecided:
                 "its shape ended by itself (no further whole cycle or step fits before "
                 "max_duration_s, or a ramp found its knee) with gates undecided"
             )
+        elif self._boundary_asked and self._settled_at_last_look():
+            # the boundary it was to end at was the maximum, so no look could confirm there
+            looked = self.looked_at_s if self.looked_at_s is not None else at_s
+            self._decide(
+                looked,
+                f"every key and blocking gate decided at its last look (+{looked:.0f} s); the "
+                "boundary where it was to end was max_duration_s",
+            )
+            self.stopped_because = self.reason
         else:
             self.stopped_because = "it reached max_duration_s with gates undecided"
 

@@ -183,6 +183,27 @@ def test_undecided_at_the_boundary_the_shape_goes_on_a_whole_cycle() -> None:
     assert rule.tick(186) is not None and rule.record()["resumed"] == 1
 
 
+def test_settled_with_the_boundary_at_the_maximum_the_record_says_decided() -> None:
+    """The look settles the load, and the next cycle end is the maximum itself: the deadline
+    stops the load there before a look can confirm. The record says the gates were decided
+    at the last look, not that they were undecided."""
+    shape = FakeShape(every_s=90)
+    rule = UntilDecided(GATES, min_s=180, max_s=270, shape=shape)
+    shape.now = 200
+    settled_look(rule, 200, began_s=195)
+    assert rule.tick(200) is None and shape.end_at_s == 270
+    rule.stopped(270.0, None)
+    record = rule.record()
+    assert record["decided"] and record["decided_at_s"] == 200
+    assert record["stopped_because"].startswith("every key and blocking gate decided at its")
+    unsettled = UntilDecided(GATES, min_s=180, max_s=270, shape=FakeShape(every_s=90))
+    settled_look(unsettled, 200, began_s=195, served=False)
+    unsettled.stopped(270.0, None)
+    assert unsettled.record()["stopped_because"] == (
+        "it reached max_duration_s with gates undecided"
+    )
+
+
 def test_a_soak_ends_after_a_settling_look_begun_after_the_minimum() -> None:
     """A shape whose boundary is any moment (a soak: then its cooldown) is not looked at
     again: the settling look, begun at the minimum or later, decides."""
