@@ -6,6 +6,7 @@ count what they examined in `n_samples`, so an empty table is "no data", not "no
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -37,6 +38,11 @@ OOM_REASON = r"(?i)\boom\b|out of memory"
 # Everything after an OOM (rejections while replicas restart, slow first tokens) is its
 # consequence, so a new OOM outweighs all the other signals of a rollback's cause together.
 OOM_WEIGHT = 10
+# How far past a peak's end the server's events must reach before a look reads what was
+# admitted in it: a poll returns every event up to its own time, and the events sampler
+# polls every 0.5 s in the shipped plans. (A look at a boundary reads the tables a second
+# or two after it began, once its process has started.)
+EVENTS_CATCH_UP_S = 1.0
 MEMORY_FAMILIES = (
     ("GPU memory (NVML)", "DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_TOTAL"),
     (
@@ -447,8 +453,8 @@ def batch_peak_trough(run: RunData, flt: GateFilter, params: Mapping[str, Any]) 
     nothing about how the queue behaves once the phase has begun.
 
     While the load runs (a look: meta.status "running"), only whole phases are read (the
-    phase still going on is `open`), and a peak only once every batch request the server saw
-    arrive in it has ended: until then its share is unsure, never a breach.
+    phase still going on is `open`), and a peak's batch requests still in flight count by
+    the server's events (arrived in the peak, admitted before its end or not).
     """
     running = run.meta.get("status") == "running"
     spans = [p for p in phases(run) if not p.get("open")]  # a look reads whole phases only
@@ -487,22 +493,27 @@ def batch_peak_trough(run: RunData, flt: GateFilter, params: Mapping[str, Any]) 
     unsure: list[str] = []
     close: list[str] = []  # peaks too near the line to tell alone
     read: list[tuple[int, int]] = []  # each peak read: (sent, admitted)
-    # Mid-run, a record exists only for a request that has ended: a peak's batch requests
-    # still waiting have none yet, and its share would read only those admitted. A peak is
-    # read once every batch request the server saw arrive in it has its record.
+    # Mid-run, a record exists only for a request that has ended, and a peak's batch work
+    # still waiting has none yet: read from records alone, a peak's share would count only
+    # the requests already admitted and done. So a look counts each batch request the server
+    # saw arrive in the peak and that has no record yet by the server's events: sent then,
+    # admitted before the peak's end or not. Once the events reach past the peak's end, that
+    # is what its records will say.
     arrived = events[events["priority"].eq("batch")].groupby("request_id", sort=False)["t"].min()
-    if running:
-        arrived = arrived[~arrived.index.isin(batch["request_id"])]
+    arrived = arrived[~arrived.index.isin(batch["request_id"])] if running else arrived.iloc[:0]
+    events_until = float(events["t"].max()) if running and not events.empty else math.inf
     for span in peaks:
         t0, t1 = float(span["t0"]), float(span["t1"])
-        in_flight = int(((arrived >= t0 + settle) & (arrived < t1)).sum()) if running else 0
-        if in_flight:
+        waiting = arrived[(arrived >= t0 + settle) & (arrived < t1)]
+        if len(waiting) and events_until < t1 + EVENTS_CATCH_UP_S:
             unsure.append(
-                f"peak at +{t0 - run.t_start:.0f}s: {in_flight} batch requests sent in it are "
-                "still in flight, so its share waits for their records"
+                f"peak at +{t0 - run.t_start:.0f}s: {len(waiting)} batch requests sent in it "
+                "are still in flight, and the server's events do not reach its end yet"
             )
             continue
         sent, admitted = offered(span)
+        sent += len(waiting)
+        admitted += int((first_admitted.reindex(waiting.index) < t1).sum())
         if sent == 0:
             unsure.append(
                 f"peak at +{float(span['t0']) - run.t_start:.0f}s was offered no batch work, so "

@@ -633,10 +633,14 @@ def test_a_look_mid_run_does_not_read_the_phase_still_going_on(tmp_path: Path) -
     assert ["starved" in d for d in end.frame["detail"]] == [True]
 
 
-def test_a_look_reads_a_peak_only_once_its_batch_requests_have_ended(tmp_path: Path) -> None:
+def test_a_look_counts_a_peaks_batch_requests_still_in_flight_by_the_servers_events(
+    tmp_path: Path,
+) -> None:
     """A peak that admitted 5 of the 80 batch requests sent in it. Mid-run only those 5 have
-    ended (75 still wait, seen by the server, with no record yet), and 5 of 5 would read as
-    a breach; the look holds the peak unsure. At the end, with every record, it is fine."""
+    ended; the 75 others still wait, seen by the server, with no record yet. From records
+    alone the look would read 5 of 5, a breach; it counts the 75 by the server's events,
+    and reads 5 of 80, as the records at the end will. Until the events reach past the
+    peak's end, it cannot tell what was admitted in it: unsure."""
     b = batch_run(0, 40)
     for i in range(80):
         rid, t = f"late{i}", 92 + 0.1 * i
@@ -646,22 +650,24 @@ def test_a_look_reads_a_peak_only_once_its_batch_requests_have_ended(tmp_path: P
             b.event("admitted", t + 0.05, request_id=rid, priority="batch")
     b.meta["phases"].append({"name": "peak", "t0": T0 + 90, "t1": T0 + 110})
     b.meta["status"] = "running"
+    early = peak_trough_reading(b, tmp_path / "early")  # the events end at 100 s
+    assert early.frame.empty
+    assert any("75 batch requests sent in it are still in flight" in u for u in early.unsure)
+    b.event("queued", 113, request_id="next", priority="batch")  # the events reach 113 s
     look = peak_trough_reading(b, tmp_path / "look")
-    assert look.frame.empty
-    assert any("75 batch requests sent in it are still in flight" in u for u in look.unsure)
+    assert look.frame.empty and not look.unsure
+    records_only = batch_run(0, 40)
+    for i in range(5):
+        rid, t = f"late{i}", 92 + 0.1 * i
+        records_only.request(rid, t=t, priority="batch", traffic_class="batch", e2e_s=1.0)
+        records_only.event("admitted", t + 0.05, request_id=rid, priority="batch")
+    records_only.meta["phases"].append({"name": "peak", "t0": T0 + 90, "t1": T0 + 110})
+    assert len(peak_trough_reading(records_only, tmp_path / "records").frame) == 1
     for i in range(5, 80):
         b.request(f"late{i}", t=92 + 0.1 * i, priority="batch", traffic_class="batch", e2e_s=20)
     b.meta["status"] = "completed"
     end = peak_trough_reading(b, tmp_path / "end")
     assert end.frame.empty and not end.unsure
-    # the same records read mid-run without the hold: the 5 alone are a breach
-    early = batch_run(0, 40)
-    for i in range(5):
-        rid, t = f"late{i}", 92 + 0.1 * i
-        early.request(rid, t=t, priority="batch", traffic_class="batch", e2e_s=1.0)
-        early.event("admitted", t + 0.05, request_id=rid, priority="batch")
-    early.meta["phases"].append({"name": "peak", "t0": T0 + 90, "t1": T0 + 110})
-    assert len(peak_trough_reading(early, tmp_path / "early").frame) == 1
 
 
 def test_warn_threshold_makes_marginal_and_exit_4(tmp_path: Path) -> None:
