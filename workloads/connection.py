@@ -156,6 +156,16 @@ class Connection:
                 return got
             self._hub.wait(self._read_watcher)
 
+    def read_now(self) -> bytes | None:
+        """Plain TCP: what is there, without waiting (None: nothing yet) and without a stamp;
+        the caller takes the time. The per-token read, with nothing built around it."""
+        try:
+            data: bytes = self._raw.recv(RECV_BYTES)
+        except BlockingIOError:
+            return None
+        self._drained = len(data) < RECV_BYTES
+        return data
+
     def recv_now(self, stamped: bool) -> tuple[bytes, float, float] | None:
         """Reads what is there without waiting (None: nothing yet) as `(data, arrival,
         read_at)`: `read_at` is when the read returned; `arrival` is the kernel's receive

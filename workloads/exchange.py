@@ -233,14 +233,26 @@ class Exchange:
         conn = self._connection
         waiter: Waiter[float] = Waiter()
         # Bound once: the callback runs once per token.
-        recv_now, consume, result = conn.recv_now, self._consume, self.result
+        recv_now, read_now, consume, result = (
+            conn.recv_now,
+            conn.read_now,
+            self._consume,
+            self.result,
+        )
+        clock = time.perf_counter
 
         def on_readable() -> None:
             try:
-                got = recv_now(not result.chunks)
-                if got is None:
-                    return
-                data, t_arr, read_at = got
+                if result.chunks:  # the first content has come: a read's own time counts
+                    data = read_now()
+                    if data is None:
+                        return
+                    t_arr = read_at = clock()
+                else:
+                    got = recv_now(True)
+                    if got is None:
+                        return
+                    data, t_arr, read_at = got
                 self.read_at = read_at
                 result.bytes_received += len(data)
                 done_at = consume(events, data, t_arr, read_at)

@@ -73,6 +73,7 @@ class ReplicaHandlers:
         tenant = None
         stream: Stream | None = None
         try:
+            await self.loop.pacer.turn()
             prep = await self._prepare(request, kind)
             tenant = prep.identity.tenant
             stream = self._new_stream(prep)

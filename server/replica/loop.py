@@ -2,7 +2,8 @@
 the virtual GPU, waits out the step's simulated duration, then writes every stream's token.
 
 The loop is the only writer of token chunks (no task per stream per token). Cancels arrive
-from request handlers between steps (while the loop sleeps) and release blocks at once.
+from request handlers between steps (while the loop sleeps) and release blocks at once; new
+requests start only in the room a step leaves before it is due (pacer.py).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from server.engine.sim import CostModel, CudaOutOfMemory, StepWork, VirtualGpu
 from server.protocol import ApiError
 from server.replica.collector import StepCollector
 from server.replica.events import EventLog
+from server.replica.pacer import AdmissionPacer
 from server.replica.streams import Stream
 from server.scheduler import (
     Admission,
@@ -95,6 +97,8 @@ class StepLoop:
         self._wake = asyncio.Event()
         self._t_model: float | None = None  # monotonic time the current step is due to end
         self._task: asyncio.Task[None] | None = None
+        # New requests start in the room each step leaves (handlers wait for `pacer.turn()`).
+        self.pacer = AdmissionPacer()
         # Set by the replica process (not by tests that build a loop in their own process):
         # then garbage is collected only while a step runs on the virtual GPU, or when idle.
         self.collector: StepCollector | None = None
@@ -210,6 +214,7 @@ class StepLoop:
                 except CudaOutOfMemory as exc:
                     self._die_oom(exc)
                 self._collect(IDLE_TICK_S)
+                self.pacer.open(None)
                 self._wake.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), IDLE_TICK_S)
@@ -253,8 +258,10 @@ class StepLoop:
         if self._t_model is None:
             self._t_model = t_start
         self._t_model += self.cost.step_seconds(work) * self.time_scale
-        # While the virtual GPU runs this step: what is left of it is the collector's room.
+        # While the virtual GPU runs this step: what is left of it is the collector's room,
+        # then new requests'.
         self._collect(self._t_model - time.monotonic())
+        self.pacer.open(self._t_model)
         delay = self._t_model - time.monotonic()
         await asyncio.sleep(delay if delay > 0 else 0)
         now = time.monotonic()

@@ -6,14 +6,17 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 import threading
 from collections.abc import Callable
 
 import pytest
 
-from server.promptwork import INLINE_CHARS, PromptTokenizer
+from server.promptwork import INLINE_CHARS, POOL_NICE, PromptTokenizer
 from server.protocol import parse_body
 from server.tokenizer import DEFAULT_TOKENIZER_PATH, TextTokenizer
+from tests.server.procs import ROOT
 from workloads.prompts import generator_for
 
 
@@ -54,3 +57,25 @@ def test_a_short_question_tokenizes_on_the_loop() -> None:
     assert len(text) <= INLINE_CHARS
     _, thread = _tokenize_where(text)
     assert thread == threading.main_thread().name
+
+
+_NICE_PROBE = """
+import os, threading
+from server.promptwork import PromptTokenizer
+from server.tokenizer import TextTokenizer
+def nice():
+    return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+work = PromptTokenizer(TextTokenizer())
+print(nice(), work._pool.submit(nice).result(10), nice())
+"""
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="nice is per thread only on Linux")
+def test_the_pool_runs_below_the_event_loop_priority() -> None:
+    # In a process of its own: this one is gevent-patched (Locust), where the pool's
+    # threads are greenlets on the test's own thread, whose priority must not change.
+    out = subprocess.run(
+        [sys.executable, "-c", _NICE_PROBE], cwd=ROOT, capture_output=True, check=True, timeout=60
+    )
+    before, pool, after = (int(n) for n in out.stdout.split())
+    assert pool == min(before + POOL_NICE, 19) and after == before
