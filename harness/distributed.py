@@ -218,7 +218,7 @@ def run_worker(plan: Plan, master: str, max_lifetime_s: float) -> int:
     hook = install_record_hook(environment)
     runner = environment.create_worker_runner(host or "127.0.0.1", int(port))
     install_worker_relay(environment, hook)
-    install_worker_start(environment)
+    install_worker_start(environment, runner)
     # the runner's greenlet is a Group: join says whether it emptied within the time
     if not runner.greenlet.join(timeout=max_lifetime_s):
         log.error("worker outlived the plan by far (%.0fs); quitting", max_lifetime_s)

@@ -75,19 +75,19 @@ def replaying_workers(runner: MasterRunner) -> list[str]:
     return sorted(w.id for w in runner.clients.all if w.state != STATE_MISSING)
 
 
-def install_worker_start(environment: Environment) -> None:
-    """A worker's replay starts when the master says (its share: its place among workers)."""
-    assert environment.runner is not None
+def install_worker_start(environment: Environment, runner: Any) -> None:
+    """A worker's replay starts when the master says (its share: its place among workers).
+    `runner` is the worker runner `environment.create_worker_runner` returned."""
 
     def on_start(environment: Environment, msg: Message, **_: Any) -> None:
         workers = list(msg.data["workers"])
-        me = getattr(environment.runner, "client_id", None)
+        me = getattr(runner, "client_id", None)
         if me not in workers:
             return  # not among the workers the master counted: it sends nothing
         start = ReplayStart(float(msg.data["t0"]), workers.index(me), len(workers))
         replay_start(environment).set(start)
 
-    environment.runner.register_message(MSG_START, on_start)
+    runner.register_message(MSG_START, on_start)
 
 
 def replay_meta(

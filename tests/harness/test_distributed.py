@@ -26,6 +26,9 @@ class _StuckWorkerRunner:
         self.quit_calls += 1
         self.greenlet.kill(block=True)
 
+    def register_message(self, name: str, handler: Any) -> None:
+        """A worker registers the replay's start message; nothing sends it here."""
+
 
 def _plan() -> Plan:
     return plan_from_dict({"name": "t", "traffic": {"classes": {"batch": {}}}})
