@@ -32,6 +32,8 @@ from gates.windows import (
 )
 
 RELEASE_HISTOGRAM = "kvgate_release_latency_seconds_bucket"
+# How long after a cancellation a look waits for its release before reading it as missing.
+RELEASE_WAIT_S = 10.0
 
 
 @metric(
@@ -78,6 +80,15 @@ def cancel_release_latency(
     death[unreleased] = _death_after(run, events, holders, cancel_at[unreleased], skew_s)
     by_death = t_release.isna() & ~released_before & death.notna()
     never = t_release.isna() & ~released_before & ~by_death
+    if run.meta.get("status") == "running" and never.any():
+        # Mid-run, a release may still be on its way to the events table: a look leaves out
+        # an unreleased cancellation until the events reach RELEASE_WAIT_S past it (a later
+        # release still counts at the end, and one that never comes is +inf there).
+        horizon = float(events["t"].max()) if not events.empty else -np.inf
+        pending = never & (rows["cancel_at"] > horizon - RELEASE_WAIT_S)
+        keep = ~pending.to_numpy()
+        rows, t_release, death = rows[keep], t_release[keep], death[keep]
+        released_before, by_death, never = released_before[keep], by_death[keep], never[keep]
     latency = (t_release.fillna(death) - rows["cancel_at"]).clip(lower=0.0)
     latency = latency.mask(released_before, 0.0).mask(never, np.inf)
     frame = _evidence(rows, latency, "cancel_at")

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from gates.evaluator import evaluate
+from gates.metrics_release import cancel_release_latency
 from gates.metrics_server import batch_peak_trough
 from gates.registry import Observations
 from gates.rundir import load_run
@@ -68,6 +69,20 @@ def test_never_released_request_fails_release(judge: Judge) -> None:
     assert result.evidence[0]["request_id"] == "c1"
     assert "never released" in result.evidence[0]["detail"]
     assert result.value == np.inf and result.censored == 1
+
+
+def test_a_look_waits_for_a_recent_cancellations_release(tmp_path: Path) -> None:
+    """Mid-run, the last cancellation (at +40 s, the events reaching +39 s) has no release
+    yet: it may still be on its way, so a look leaves it out rather than read +inf. The
+    same record at the end of the run is a leak."""
+    b = cancelled_run([*[0.1] * 19, None])
+    b.meta["status"] = "running"
+    params = {"skew_s": 0.5}
+    look = cancel_release_latency(load_run(b.write(tmp_path / "look")), GateFilter(), params)
+    assert look.n_samples == 19 and np.isfinite(look.frame["value"]).all()
+    b.meta["status"] = "completed"
+    end = cancel_release_latency(load_run(b.write(tmp_path / "end")), GateFilter(), params)
+    assert end.n_samples == 20 and np.isinf(end.frame["value"]).sum() == 1
 
 
 def test_release_falls_back_to_the_histogram(judge: Judge) -> None:
