@@ -499,8 +499,11 @@ def batch_peak_trough(run: RunData, flt: GateFilter, params: Mapping[str, Any]) 
     # saw arrive in the peak and that has no record yet by the server's events: sent then,
     # admitted before the peak's end or not. Once the events reach past the peak's end, that
     # is what its records will say.
-    arrived = events[events["priority"].eq("batch")].groupby("request_id", sort=False)["t"].min()
-    arrived = arrived[~arrived.index.isin(batch["request_id"])] if running else arrived.iloc[:0]
+    arrived = pd.Series(dtype=float)  # the end of the run: every request has its record
+    if running:
+        batch_seen = events[events["priority"].eq("batch")]
+        arrived = batch_seen.groupby("request_id", sort=False)["t"].min()
+        arrived = arrived[~arrived.index.isin(batch["request_id"])]
     events_until = float(events["t"].max()) if running and not events.empty else math.inf
     for span in peaks:
         t0, t1 = float(span["t0"]), float(span["t1"])
