@@ -160,10 +160,22 @@ class Until(_Record):
     gates: list[UntilGate] | None = None
 
 
+class LoopLagMs(_Record):
+    """How late the load generator's event loop woke over the load, in milliseconds
+    (harness/looplag.py): p50 and p99 of its ticks, to the millisecond above, and the most."""
+
+    ticks: Count | None = None
+    p50: Number | None = None
+    p99: Number | None = None
+    max: Number | None = None
+
+
 class LoadGeneratorMeta(_Record):
     mode: Literal["local", "distributed"] | None = None
     processes: Count | None = None  # local worker processes
     stopped_early: Text | None = None  # why the load stopped before its planned end, if it did
+    loop_lag_ms: LoopLagMs | None = None  # every load-generator process's, merged
+    loop_lag_bound_ms: Number | None = None  # samplers.loop_lag_bound_ms
 
 
 class Records(_Record):

@@ -27,6 +27,8 @@ from locust.env import Environment
 from locust.rpc import Message
 from locust.runners import MasterRunner
 
+from contract.host import OWN_GROUP
+from harness.looplag import LoopLag
 from harness.plan import Plan
 from harness.replay import install_worker_start
 from harness.sink import record_row
@@ -55,6 +57,7 @@ class RecordRelay:
         self.environment = environment
         self.batch: list[dict[str, Any]] = []
         self.sent = 0
+        self.loop_lag = LoopLag()  # from the load's start until its users are told to stop
         self._flusher = gevent.spawn(self._flush_loop)
 
     def add(self, record: Any) -> None:
@@ -78,14 +81,18 @@ class RecordRelay:
         self.flush()
         if self.environment.runner is not None:
             worker = getattr(self.environment.runner, "client_id", "worker")
-            self.environment.runner.send_message(MSG_DONE, {"worker": worker, "sent": self.sent})
+            done = {"worker": worker, "sent": self.sent, "loop_lag": self.loop_lag.as_message()}
+            self.environment.runner.send_message(MSG_DONE, done)
 
 
 def install_worker_relay(environment: Environment, record_hook: Any) -> RecordRelay:
     relay = RecordRelay(environment)
     record_hook.add_listener(lambda record, **_: relay.add(record))
+    environment.events.test_start.add_listener(lambda **_: relay.loop_lag.start())
+    environment.events.test_stopping.add_listener(lambda **_: relay.loop_lag.stop())
 
     def on_stop(**_: Any) -> None:
+        relay.loop_lag.stop()
         relay.finish()
         # A kvgate worker serves one run, so it leaves once its records are out. Waiting for
         # the master's quit is not enough: a master that quits while the worker is in
@@ -115,6 +122,7 @@ class MasterCollector:
 
     deliver: Callable[[dict[str, Any]], None]
     cpu_warnings: list[dict[str, Any]]
+    loop_lag: LoopLag  # every worker's, merged
     sent: dict[str, int] = field(default_factory=dict)
     received: dict[str, int] = field(default_factory=dict)
 
@@ -131,6 +139,7 @@ class MasterCollector:
 
     def _on_done(self, environment: Environment, msg: Message, **_: Any) -> None:
         self.sent[msg.node_id] = int(msg.data["sent"])
+        self.loop_lag.add(msg.data.get("loop_lag") or {})
 
     def _on_cpu(self, environment: Environment, msg: Message, **_: Any) -> None:
         self.cpu_warnings.append(dict(msg.data))
@@ -172,7 +181,7 @@ class LocalWorkers:
                     stdin=subprocess.DEVNULL,
                     cwd=repo_root,
                     env=env,
-                    start_new_session=True,
+                    process_group=OWN_GROUP,
                 )
             self.procs.append(proc)
 

@@ -27,6 +27,7 @@ from harness.distributed import (
     MasterCollector,
     wait_for_workers,
 )
+from harness.looplag import LoopLag
 from harness.plan import Plan
 from harness.replay import CLASS_NAME as REPLAY_CLASS
 from harness.replay import start_replay
@@ -78,6 +79,8 @@ class LoadGenerator:
         self.sink = sink
         self.layout = layout
         self.cpu = CpuWatch()
+        # This process's event loop, or, distributed, every worker's (harness/looplag.py)
+        self.loop_lag = LoopLag()
         self.env = Environment(
             user_classes=user_classes,
             shape_class=shape,
@@ -102,7 +105,7 @@ class LoadGenerator:
             bind_port = int(port)
         runner = self.env.create_master_runner(bind_host or "*", bind_port)
         # relayed rows fire the same hook as local ones (the shape listens there too)
-        self.collector = MasterCollector(self._relay, self.cpu.warnings)
+        self.collector = MasterCollector(self._relay, self.cpu.warnings, self.loop_lag)
         self.collector.install(self.env)
         return runner
 
@@ -145,6 +148,8 @@ class LoadGenerator:
             self.runner.start(users, spawn_rate=max(load.spawn_rate, replays))
         if replays:
             start_replay(self.env)
+        if not self.layout.distributed:  # workers keep their own (harness/distributed.py)
+            self.loop_lag.start()
         started = time.monotonic()
         deadline = started + duration_s
         while time.monotonic() < deadline:
@@ -159,6 +164,7 @@ class LoadGenerator:
             if self.stopped_early:
                 log.warning("stopping the load early: %s", self.stopped_early)
                 break
+        self.loop_lag.stop()
         self.stop_users()
 
     def _replay_users(self) -> int:

@@ -25,6 +25,7 @@ import gevent
 from locust.runners import STATE_STOPPED
 from rich.console import Console
 
+from contract.host import OWN_GROUP
 from contract.runmeta import RunMeta, RunStatus
 from gates import run_profile, schema
 from gates.rundir import read_table
@@ -220,7 +221,7 @@ class Orchestrator:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 cwd=Path(__file__).resolve().parent.parent,
-                start_new_session=True,
+                process_group=OWN_GROUP,
             )
 
     def _start_loadgen(self) -> None:
@@ -555,6 +556,8 @@ class Orchestrator:
                 # why the load stopped before its planned end (load.stop_if_failing, an
                 # abort, load.until: decided), if it did
                 "stopped_early": gen.stopped_early if gen else None,
+                "loop_lag_ms": gen.loop_lag.summary() if gen else None,
+                "loop_lag_bound_ms": self.plan.samplers.loop_lag_bound_ms,
             },
             records={
                 "written": self.sink.total,

@@ -25,7 +25,7 @@ from pydantic_core import InitErrorDetails
 
 import contract
 from contract import servers
-from contract.host import FOREIGN_MEAN_BOUND_SHARE, FOREIGN_WINDOW_BOUND_SHARE
+from contract.host import FOREIGN_MEAN_BOUND_SHARE, FOREIGN_WINDOW_BOUND_SHARE, LOOP_LAG_BOUND_MS
 from harness.faults.base import FaultSpec
 from harness.faults.registry import FAULT_MODELS, Fault
 from harness.plan_trace import SCHEDULE_ERROR_BOUND_MS, TraceSpec
@@ -371,6 +371,9 @@ class Samplers(_Strict):
     # A replayed trace's requests may go out this late at p99 (t_send - t_scheduled) before
     # the run is INVALID (gates/evidence/checks_schedule.py says why this number).
     schedule_error_bound_ms: float = Field(SCHEDULE_ERROR_BOUND_MS, gt=0)
+    # The load generator's event loop may wake this late at p99 over the load before the run
+    # is INVALID (gates/evidence/checks_client.py says why this number).
+    loop_lag_bound_ms: float = Field(LOOP_LAG_BOUND_MS, gt=0)
 
 
 class Misconfiguration(_Strict):

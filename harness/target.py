@@ -23,6 +23,7 @@ from typing import Any
 import psutil
 import yaml
 
+from contract.host import OWN_GROUP
 from harness.plan import ExternalTarget, Plan, ReferenceTarget, VllmTarget
 from harness.samplers.http import request
 
@@ -123,7 +124,7 @@ class ReferenceDeployment:
                 stdin=subprocess.DEVNULL,
                 cwd=repo_root,
                 env=env,
-                start_new_session=True,
+                process_group=OWN_GROUP,
             )
         ready = self._wait_ready()
         self.running = RunningTarget(

@@ -149,7 +149,7 @@ def start(base: Path, port: int, blocks: int, timeout_s: float) -> int:
     with (base / "server.log").open("a", encoding="utf-8") as log:
         proc = subprocess.Popen(
             argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            env=clean_env(), start_new_session=True,
+            env=clean_env(), process_group=0,  # in the caller's session: contract/host.py
         )  # fmt: skip
     (base / "server.pid").write_text(f"{proc.pid}\n")
     deadline = time.monotonic() + timeout_s

@@ -23,6 +23,7 @@ from typing import Any
 
 import psutil
 
+from contract.host import OWN_GROUP
 from harness.engines.vllm import VllmLaunch, launch
 from harness.plan import VllmTarget
 from harness.proctree import alive, process_tree
@@ -109,7 +110,7 @@ class VllmDeployment:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 env=env,
-                start_new_session=True,  # its own process group: signals reach the whole tree
+                process_group=OWN_GROUP,  # signals reach the whole tree (contract.host)
             )
         self.proc = EngineProcess(popen, time.monotonic(), {})
         self._remember_tree()

@@ -19,6 +19,8 @@ from typing import IO, Any
 
 import gevent
 
+from contract.host import OWN_GROUP
+
 OUTPUT_TAIL_CHARS = 2000  # of stdout and stderr, kept in the faults row's params
 POLL_S = 0.05
 REAP_S = 5.0  # after a kill, how long to wait for the shell to be reaped
@@ -62,7 +64,7 @@ def run_shell(command: str, timeout_s: float) -> ShellResult:
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=subprocess.STDOUT,
-            start_new_session=True,
+            process_group=OWN_GROUP,
         )
         try:
             exit_code = _wait(proc, timeout_s)

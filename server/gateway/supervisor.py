@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from contract import EventKind
+from contract.host import OWN_GROUP
 from server.replica.events import EventLog
 from server.replica.runtime import INTERNAL_TOKEN_ENV, PARENT_PID_ENV
 
@@ -91,9 +92,10 @@ class Supervisor:
         argv += ["--port", str(rep.port), "--ready-file", str(ready)]
         argv += ["--state-dir", str(self._state_dir), *self._argv]
         rep.state, rep.exit_code, rep.died = "starting", None, asyncio.Event()
-        # Own session: a terminal's Ctrl-C reaches serve only, which stops replicas in order.
+        # Own process group: a terminal's Ctrl-C reaches serve only, which stops replicas in
+        # order; kvgate's session still (contract.host.OWN_GROUP says why).
         rep.proc = await asyncio.create_subprocess_exec(
-            *argv, env=self._env, start_new_session=True
+            *argv, env=self._env, process_group=OWN_GROUP
         )
         rep.pid = rep.proc.pid
         task = asyncio.get_running_loop().create_task(self._watch(rep, rep.proc))

@@ -27,6 +27,7 @@ from typing import Any
 
 import pytest
 
+from contract.host import OWN_GROUP
 from harness.engines.vllm import VllmLaunch, cpu_install, event_rows, launch
 from harness.jsonl import JsonlTail
 from harness.plan import VllmTarget
@@ -61,7 +62,7 @@ def _serving(ln: VllmLaunch, port: int) -> Iterator[str]:
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            start_new_session=True,
+            process_group=OWN_GROUP,
         )
     base = f"http://127.0.0.1:{port}"
     try:
