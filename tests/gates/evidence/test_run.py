@@ -281,11 +281,12 @@ def test_a_harness_run_that_is_whole_has_no_finding(tmp_path: Path, small_gates:
     verdict: Verdict = evaluate(load_run(b.write(tmp_path / "run", fmt="parquet")), small_gates)
     assert verdict.status == Status.PASS
     assert verdict.evidence["findings"] == []
-    assert [c["name"] for c in verdict.evidence["checks"]][-6:] == [
+    assert [c["name"] for c in verdict.evidence["checks"]][-7:] == [
         "run_window",
         "run_finished",
         "load_covered",
         "tables_complete",
         "host_contention",
+        "loop_kept_up",
         "schedule_kept",
     ]
