@@ -67,6 +67,10 @@ def test_smoke_plan_writes_a_complete_run_directory(tmp_path: Path) -> None:
     assert meta["windows"]["stress"][0] < meta["windows"]["stress"][1]
     assert meta["target"]["kind"] == "reference" and meta["target"]["gpu_sku"] == "h100-80gb"
     assert meta["sim_lag_ms_p99"] is not None
+    # the load generator's own loop, measured while the load ran, and the bound it is held to
+    lag = meta["load_generator"]["loop_lag_ms"]
+    assert lag["ticks"] > 100 and 0 < lag["p50"] <= lag["p99"] <= lag["max"]
+    assert meta["load_generator"]["loop_lag_bound_ms"] == 50.0
     requests = run.requests
     assert set(requests["traffic_class"]) == CLASSES
     assert requests["request_id"].is_unique and len(requests) == meta["records"]["written"]
@@ -122,6 +126,8 @@ def test_two_worker_processes_merge_into_one_run_without_loss(tmp_path: Path) ->
     run = load_run(run_dir)
     relay = run.meta["records"]["relay"]
     assert len(relay["sent"]) == 2 and all(n > 0 for n in relay["sent"].values())
+    lag = run.meta["load_generator"]["loop_lag_ms"]  # the workers' loops, merged by the master
+    assert lag["ticks"] > 0 and lag["p50"] <= lag["p99"] <= lag["max"]
     assert relay["sent"] == relay["received"]
     requests = run.requests
     assert len(requests) == sum(relay["sent"].values())
