@@ -7,17 +7,24 @@ what to do, found in seconds rather than after the whole plan:
 - /v1/models refuses the key;
 - target.model is not among the models the server lists; with no target.model, the one
   model it lists is used (several: the user must choose).
+And a warning, not an error: a target on this host that runs in another session than
+kvgate, where the kernel shares the CPUs between sessions first (contract.host.OWN_GROUP
+says what that did to a run); the loop_kept_up evidence check judges what it costs.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from harness.plan import ExternalTarget, Plan, VllmTarget
+from harness.samplers.host import is_this_host, listening_pid
 from harness.samplers.http import request
 
+AUTOGROUPS = Path("/proc/sys/kernel/sched_autogroup_enabled")
 RETRY_S = 1.0
 SAY_EVERY_S = 5.0  # how often a wait for the target says so on the console
 
@@ -85,6 +92,9 @@ def check_external(plan: Plan, say: Callable[[str], None] = print) -> Plan:
     if not isinstance(target, ExternalTarget):
         return plan
     served = _models(target, say)
+    apart = other_scheduler_group(target.url)
+    if apart is not None:
+        say(f"kvgate: warning: {apart}")
     if served is None:
         if target.model is None:
             raise PreflightError(
@@ -106,3 +116,32 @@ def check_external(plan: Plan, say: Callable[[str], None] = print) -> Plan:
             f"{', '.join(served) or 'none'}. Set target.model to one of them"
         )
     return plan
+
+
+def other_scheduler_group(url: str) -> str | None:
+    """Why the server listening at `url` may starve kvgate's load generator, or None: it runs
+    on this host in another session than kvgate, and the kernel's autogroups are on (they
+    share the CPUs between sessions before threads). None also when it cannot be told."""
+    parts = urlsplit(url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    if not parts.hostname or not is_this_host(parts.hostname):
+        return None
+    try:
+        if AUTOGROUPS.read_text().strip() != "1":
+            return None
+        pid = listening_pid(port)
+        if pid is None:
+            return None
+        theirs = Path(f"/proc/{pid}/autogroup").read_text().split()[0]
+        ours = Path("/proc/self/autogroup").read_text().split()[0]
+    except (OSError, IndexError):
+        return None
+    if theirs == ours:
+        return None
+    return (
+        f"the server at {url} (pid {pid}) runs in another session than kvgate, and this "
+        "kernel shares the CPUs between sessions before threads (sched_autogroup_enabled): "
+        "a busy server then takes them from kvgate's load generator, and a run whose "
+        "generator falls behind reads INVALID (loop_kept_up). Start the server from the "
+        "shell that runs kvgate, or run kvgate on another host"
+    )

@@ -2,19 +2,25 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import socket
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import pytest
 
+from contract.host import OWN_GROUP
 from harness.plan import ExternalTarget, PlanError, load_plan
-from harness.preflight import PreflightError, check_external
+from harness.preflight import AUTOGROUPS, PreflightError, check_external, other_scheduler_group
 from harness.traffic import build_user_classes
 from tests.built_users import built_user_classes
+from tests.waiting import wait_until
 
 PLANS = Path(__file__).resolve().parents[2] / "harness" / "plans"
 SMOKE = PLANS / "smoke.yaml"
@@ -131,3 +137,43 @@ def test_prompt_scale_multiplies_every_class_prompt_size() -> None:
     one, half = sizes(1.0), sizes(0.5)
     assert one["long_context"][0] == 8000 and half["long_context"][0] == 4000
     assert half["shared_prefix"][1] == 512  # the plan's 1024-token prefix, halved
+
+
+AUTOGROUPS_ON = AUTOGROUPS.exists() and AUTOGROUPS.read_text().strip() == "1"
+
+
+def listening(port: int) -> bool:
+    with contextlib.closing(socket.socket()) as sock:
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+@contextlib.contextmanager
+def http_server(**spawn: Any) -> Iterator[int]:
+    """A plain HTTP server on loopback in a process of its own, started with `spawn`."""
+    with contextlib.closing(socket.socket()) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = int(sock.getsockname()[1])
+    argv = [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"]
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, **spawn)
+    try:
+        wait_until(lambda: listening(port), timeout_s=30, what=f"a server on port {port}")
+        yield port
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+
+
+@pytest.mark.skipif(not AUTOGROUPS_ON, reason="the kernel's scheduler autogroups are off")
+@pytest.mark.timeout(60)
+def test_a_server_in_another_session_on_this_host_is_warned_of() -> None:
+    with http_server(start_new_session=True) as port:
+        said = other_scheduler_group(f"http://127.0.0.1:{port}")
+    assert said is not None and "runs in another session than kvgate" in said
+    assert "Start the server from the shell that runs kvgate" in said
+
+
+@pytest.mark.timeout(60)
+def test_a_server_in_kvgates_session_or_elsewhere_is_not() -> None:
+    with http_server(process_group=OWN_GROUP) as port:
+        assert other_scheduler_group(f"http://127.0.0.1:{port}") is None
+    assert other_scheduler_group("http://192.0.2.1:8000") is None  # TEST-NET-1: not this host
