@@ -27,6 +27,7 @@ import pandas as pd
 import contract
 from contract import Outcome
 from contract.enums import FAILED_OUTCOMES, answered_empty
+from gates import categories
 from gates.keys import per_distinct
 from gates.metrics_requests import (
     EMPTY,
@@ -120,8 +121,8 @@ def _labels(rows: pd.DataFrame) -> pd.Series:
     """`failure_label` of rows that say whether each was an empty answer (`empty`)."""
     empty = rows["empty"]
     status = rows["http_status"].map(lambda s: "" if pd.isna(s) else f"HTTP {int(s)} ").astype(str)
-    code = rows["error_code"].mask(empty, EMPTY).fillna("").astype(str)
-    message = rows["error_message"].fillna("").astype(str).str.slice(0, 80)
+    code = rows["error_code"].astype(str).mask(empty, EMPTY).fillna("")
+    message = rows["error_message"].astype(str).fillna("").str.slice(0, 80)
     return (
         status + rows["outcome"].astype(str) + " " + code.where(code.ne(""), message)
     ).str.strip()
@@ -179,7 +180,7 @@ def timeouts_disconnects(run: RunData, flt: GateFilter, params: Mapping[str, Any
     hit = rows["outcome"].isin((Outcome.TIMEOUT, Outcome.DISCONNECTED))
     frame = _evidence(rows, hit.astype(float), "t_send")
     frame["detail"] = frame["detail"] + " " + failure_label(rows).array
-    counts = rows.loc[hit, "outcome"].value_counts()
+    counts = categories.counts(rows.loc[hit, "outcome"])
     if not counts.empty:
         notes = [", ".join(f"{n} {o}" for o, n in counts.items()), *breakdown(rows, hit), *notes]
     return Observations(frame=frame, n_samples=len(rows), notes=notes)

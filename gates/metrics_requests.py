@@ -120,7 +120,7 @@ def _latency(run: RunData, flt: GateFilter, column: str, what: str) -> Observati
     censored = kept[column].isna().to_numpy()
     failed = kept[censored]
     # a record that says ok names no code: name the ending it was
-    codes = failed["error_code"].mask(answered_empty_rows(failed), EMPTY).fillna("")
+    codes = failed["error_code"].astype(str).mask(answered_empty_rows(failed), EMPTY).fillna("")
     frame.loc[censored, "detail"] = [
         f"no {what}: {outcome} status={_int_text(status)} {code}".rstrip()
         for outcome, status, code in zip(
@@ -296,7 +296,7 @@ def _not_completed(events: pd.DataFrame, rows: pd.DataFrame) -> pd.Series:
     last = moves.sort_values(["t", "seq"], kind="stable").groupby("request_id")["event"].last()
     ran_again = rows["request_id"].map(last.ne(EventKind.PREEMPTED)).fillna(False).astype(bool)
     finish = rows["finish_reason"]
-    finished = "finished " + finish.fillna("without a finish_reason").astype(str)
+    finished = "finished " + finish.astype(str).fillna("without a finish_reason")
     tokens, asked = rows["completion_tokens"], rows["max_tokens"]
     short = tokens.lt(asked) & finish.ne(FinishReason.STOP)
     counts = " after " + tokens.map("{:.0f}".format) + " of " + asked.map("{:.0f}".format)

@@ -87,7 +87,7 @@ def priority_escalations(run: RunData, flt: GateFilter, params: Mapping[str, Any
             "no escalation probe was sent; add the security_probe traffic class to the plan"
         )
     granted = _granted(run, rows)
-    asked = rows["asked_priority"].fillna("").astype(str)
+    asked = rows["asked_priority"].astype(str).fillna("")
     shown = granted.ne("")
     honoured = shown & pd.Series(
         [bool(a) and a in g.split(",") for a, g in zip(asked, granted, strict=True)],

@@ -107,7 +107,7 @@ def oom_events(run: RunData, flt: GateFilter, params: Mapping[str, Any]) -> Obse
             1.0,
             hits["t"],
             hits["replica"],
-            hits["event"] + ": " + hits["reason"].fillna("").astype(str),
+            hits["event"].astype(str) + ": " + hits["reason"].astype(str).fillna(""),
         )
     ]
     increases = counter_increase(samples)
@@ -334,7 +334,9 @@ def _double_holds(all_events: pd.DataFrame, kills: pd.DataFrame, t_end: float) -
     holding = all_events["event"].isin((EventKind.ADMITTED, EventKind.RESUMED))
     holding &= all_events["request_id"].notna()
     held = all_events.loc[holding, ["request_id", "replica", "t"]]
-    held = held[_on_two_replicas(held)]
+    # the few requests held on two replicas, their replicas as text: they are matched with
+    # the faults' targets, which are text
+    held = held[_on_two_replicas(held)].astype({"replica": str})
     starts = (
         held.groupby(["request_id", "replica"], sort=False)["t"].min().rename("start").reset_index()
     )
@@ -346,11 +348,14 @@ def _double_holds(all_events: pd.DataFrame, kills: pd.DataFrame, t_end: float) -
     released = all_events[
         all_events["event"].eq(EventKind.RELEASED) & isin(all_events["request_id"], ids)
     ]
-    ends = released.groupby(["request_id", "replica"])["t"].max().rename("released")
+    ends = released.astype({"replica": str}).groupby(["request_id", "replica"])["t"].max()
+    ends = ends.rename("released")
     starts = starts.join(ends, on=["request_id", "replica"])
     deaths = pd.concat(
         [
-            all_events.loc[all_events["event"].eq(EventKind.REPLICA_DIED), ["replica", "t"]],
+            all_events.loc[all_events["event"].eq(EventKind.REPLICA_DIED), ["replica", "t"]].astype(
+                {"replica": str}
+            ),
             kills.rename(columns={"target": "replica", "t_start": "t"})[["replica", "t"]],
         ]
     ).sort_values("t")

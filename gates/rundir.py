@@ -32,6 +32,7 @@ from gates.meta import meta_problems
 
 COLUMNS = schema.TABLE_COLUMNS
 NUMERIC = schema.INT_COLUMNS | schema.FLOAT_COLUMNS
+CATEGORIES = schema.CATEGORY_COLUMNS
 # Missing text is NaN, like missing numbers: nullable Int64 and pd.NA strings would make
 # boolean masks ambiguous further on.
 TEXT = pd.StringDtype(na_value=np.nan)
@@ -235,6 +236,8 @@ def _read_files(run_dir: Path, name: str) -> Table:
     if jsonl.is_file():
         pieces.append(read_jsonl_table(jsonl, name))
     frame = pd.concat([t.frame for t in pieces], ignore_index=True)
+    for column in CATEGORIES[name]:  # parts with other categories concatenate as text
+        frame[column] = categorical_text(frame[column])
     return Table(frame, "parts", sum(t.dropped for t in pieces), tuple(n for n, _ in numbered))
 
 
@@ -312,6 +315,8 @@ def rows_frame(rows: list[dict[str, Any]], name: str, where: Callable[[int], str
         else:
             text = [v if v is None or isinstance(v, str) else json.dumps(v) for v in values]
             columns[column] = pd.Series(text, dtype=TEXT)
+            if column in CATEGORIES[name]:
+                columns[column] = categorical_text(columns[column])
     extra = {key: None for row in rows for key in row if key not in columns}
     for column in extra:
         columns[column] = pd.Series([row.get(column) for row in rows]).infer_objects()
@@ -349,7 +354,9 @@ def _check_whole(frame: pd.DataFrame, name: str, where: Callable[[int], str]) ->
 
 def _read_parquet(path: Path, name: str) -> pd.DataFrame:
     try:
-        arrow = pq.read_table(path)
+        # Parquet keeps text as a dictionary and its codes: read that way, the categorical
+        # columns never hold one string per row.
+        arrow = pq.read_table(path, read_dictionary=sorted(CATEGORIES[name]))
     except Exception as exc:  # pyarrow raises several types for a damaged file
         raise RunDirError(f"{path} cannot be read ({exc}); {_unreadable_fix(path, name)}") from exc
     expected = COLUMNS[name]
@@ -357,6 +364,8 @@ def _read_parquet(path: Path, name: str) -> pd.DataFrame:
         if column not in expected:
             continue
         kind = arrow.schema.field(column).type
+        if pa.types.is_dictionary(kind):
+            kind = kind.value_type
         if column in NUMERIC:
             fits = pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_null(kind)
         else:
@@ -401,10 +410,29 @@ def _conform(frame: pd.DataFrame, name: str, where: Callable[[int], str]) -> pd.
             frame[column] = pd.Series(np.nan if column in NUMERIC else None, index=frame.index)
         if column in NUMERIC:
             frame[column] = frame[column].astype(np.float64)
+        elif column in CATEGORIES[name]:
+            frame[column] = categorical_text(frame[column])
         elif frame[column].dtype != TEXT:
             frame[column] = frame[column].astype(TEXT)
     _check_whole(frame, name, where)
     return frame
+
+
+def categorical_text(values: pd.Series) -> pd.Series:
+    """`values` (text, or a categorical of text) as a categorical whose categories are text
+    in sorted order: sorting or grouping by it orders the values as their text would, and
+    two columns read alike have equal dtypes. Missing stays missing (code -1)."""
+    if isinstance(values.dtype, pd.CategoricalDtype):
+        categories = values.cat.categories
+        if categories.dtype != TEXT:
+            values = values.cat.rename_categories(categories.astype(TEXT))
+    else:
+        values = values.astype(TEXT).astype("category")
+    categories = values.cat.categories
+    ordered = categories.sort_values()
+    if not categories.equals(ordered):
+        values = values.cat.reorder_categories(ordered)
+    return values
 
 
 def _refusal(where: str, table: str, column: str, value: Any) -> str:

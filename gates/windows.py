@@ -13,6 +13,7 @@ import pyarrow.compute as pc
 
 from contract import FaultEffect, Outcome
 from contract.enums import BROKEN_OUTCOMES
+from gates.keys import numbered, pair_codes, text_codes
 from gates.rundir import RunData
 from gates.terms import GateFilter
 
@@ -143,16 +144,29 @@ def counter_increase(samples: pd.DataFrame) -> pd.DataFrame:
     if samples.empty:
         return pd.DataFrame(columns=["target", "labels", "increase", "t_first"])
     ordered = samples.sort_values(["target", "labels", "t"], kind="stable")
-    keys = ordered["target"].astype(str) + "|" + ordered["labels"].astype(str)
-    diff = ordered["value"].diff()
-    first = keys.ne(keys.shift())
-    step = np.where(diff.to_numpy() < 0, ordered["value"].to_numpy(), diff.to_numpy())
-    step = np.where(first.to_numpy(), 0.0, step)
-    ordered = ordered.assign(step=step)
-    rose = ordered[ordered["step"] > 0]
-    total = ordered.groupby(["target", "labels"], sort=False)["step"].sum().rename("increase")
-    t_first = rose.groupby(["target", "labels"], sort=False)["t"].min().rename("t_first")
-    return pd.concat([total, t_first], axis=1).reset_index()
+    # A series is a (target, labels) pair, numbered over integer codes; a row missing either
+    # belongs to no series (it starts afresh and is counted in none).
+    target, labels = text_codes(ordered["target"]), text_codes(ordered["labels"])
+    named = (target >= 0) & (labels >= 0)
+    key = pair_codes(target, labels, int(labels.max(initial=-1)) + 1)
+    value = ordered["value"].to_numpy(dtype=float)
+    diff = np.diff(value, prepend=np.nan)
+    first = ~named | np.concatenate([[True], (key[1:] != key[:-1]) | ~named[:-1]])
+    step = np.where(first, 0.0, np.where(diff < 0, value, diff))
+    series, at = numbered(key[named])
+    total = pd.Series(step[named]).groupby(series, sort=False).sum()
+    rose = step[named] > 0
+    t = ordered["t"].to_numpy(dtype=float)[named]
+    t_first = pd.Series(t[rose]).groupby(series[rose], sort=False).min()
+    rows = np.flatnonzero(named)[at]
+    return pd.DataFrame(
+        {
+            "target": ordered["target"].iloc[rows].astype(str).to_numpy(),
+            "labels": ordered["labels"].iloc[rows].astype(str).to_numpy(),
+            "increase": total.to_numpy(),
+            "t_first": t_first.reindex(range(len(at))).to_numpy(),
+        }
+    )
 
 
 def isin(series: pd.Series, values: object) -> np.ndarray:

@@ -236,7 +236,7 @@ def evictions(run: RunData) -> pd.Series:
         counts = inc.groupby(reason)["increase"].sum()
         return counts[counts > 0]
     pre = run.server_events[run.server_events["event"].eq(EventKind.PREEMPTED)]
-    return pre["reason"].fillna("unknown").astype(str).value_counts()
+    return pre["reason"].astype(str).fillna("unknown").value_counts()
 
 
 def quota_rejections(run: RunData) -> pd.DataFrame:
@@ -245,7 +245,7 @@ def quota_rejections(run: RunData) -> pd.DataFrame:
     rejected = run.requests.loc[refused, ["tenant", "error_code"]]
     if rejected.empty:
         return pd.DataFrame()
-    codes = rejected["error_code"].fillna("unknown").astype(str)
+    codes = rejected["error_code"].astype(str).fillna("unknown")
     return pd.crosstab(rejected["tenant"].astype(str), codes)
 
 
@@ -258,7 +258,7 @@ def rejection_rates(run: RunData) -> pd.DataFrame:
     totals = req.groupby("priority").size()
     by_reason = (
         req[rejected]
-        .groupby(["priority", req.loc[rejected, "error_code"].fillna("unknown")])
+        .groupby(["priority", req.loc[rejected, "error_code"].astype(str).fillna("unknown")])
         .size()
     )
     rows = [

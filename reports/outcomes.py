@@ -14,6 +14,7 @@ import pandas as pd
 import contract
 from contract import Outcome
 from contract.enums import ANSWERED_OR_CANCELLED
+from gates import categories
 from gates.applicability import target_profile
 from gates.metrics_client import LABELLED, failure_label
 from gates.rundir import RunData
@@ -56,7 +57,7 @@ def outcome_table(run: RunData) -> tuple[list[str], list[OutcomeRow]]:
     rows = []
     groups = [*requests.groupby("traffic_class", sort=True), ("all", requests)]
     for klass, group in groups:
-        counts = {str(k): int(v) for k, v in group["outcome"].value_counts().items()}
+        counts = {str(k): int(v) for k, v in categories.counts(group["outcome"]).items()}
         bad = group[~group["outcome"].isin(ANSWERED_OR_CANCELLED)]
         top = _top(bad)
         rows.append(OutcomeRow(str(klass), len(group), counts, top))
