@@ -19,12 +19,11 @@ import pandas as pd
 
 import contract
 from contract import EventKind
-from gates.keys import first_index, text_codes
+from gates.keys import first_index, isin, text_codes
 from gates.metrics_requests import REQUEST_FILTERS
 from gates.registry import REGISTRY, Cause, Observations, metric
 from gates.rundir import RunData
 from gates.terms import GateFilter
-from gates.windows import isin
 
 WAIT_STARTS = (EventKind.QUEUED, EventKind.PREEMPTED)
 WAIT_ENDS = (

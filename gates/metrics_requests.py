@@ -18,13 +18,12 @@ import pandas as pd
 import contract
 from contract import ClientCode, EventKind, FinishReason, Outcome
 from contract.enums import ANSWERED_OR_CANCELLED, DEATH_EVENTS, FAILED_OUTCOMES, NORMAL_FINISHES
-from gates.keys import per_distinct
+from gates.keys import isin, numbered, pair_codes, per_distinct, shared_codes
 from gates.registry import Cause, Observations, metric
 from gates.rundir import RunData
 from gates.terms import GateFilter
 from gates.windows import (
     broken_by_network,
-    isin,
     process_faults,
     select,
 )
@@ -218,9 +217,15 @@ def _abandoned(events: pd.DataFrame, rows: pd.DataFrame, t_end: np.ndarray) -> n
     released = events.loc[events["event"].eq(EventKind.RELEASED), ["request_id", "replica", "t"]]
     if released.empty:
         return np.zeros(len(rows), dtype=bool)
-    last = released.groupby(["request_id", "replica"], sort=False)["t"].max()
-    keys = pd.MultiIndex.from_arrays([rows["request_id"], rows["replica"]])
-    t_released: np.ndarray = last.reindex(keys).to_numpy(dtype=float)  # NaN: never released there
+    # each (request, replica)'s last release, over integer codes; a release or a request
+    # missing either names no pair
+    (event_ids, row_ids), _ = shared_codes(released["request_id"], rows["request_id"])
+    (event_on, row_on), replicas = shared_codes(released["replica"], rows["replica"])
+    named = (event_ids >= 0) & (event_on >= 0)
+    pairs = pair_codes(event_ids, event_on, len(replicas))[named]
+    last = pd.Series(released["t"].to_numpy(dtype=float)[named]).groupby(pairs).max()
+    asked = np.where((row_ids >= 0) & (row_on >= 0), pair_codes(row_ids, row_on, len(replicas)), -1)
+    t_released: np.ndarray = last.reindex(asked).to_numpy(dtype=float)  # NaN: never released
     abandoned: np.ndarray = t_end - t_released > DEATH_SLACK_S
     return abandoned
 
@@ -286,6 +291,19 @@ def preempted_completion(run: RunData, flt: GateFilter, params: Mapping[str, Any
 RUN_STATE_EVENTS = (EventKind.ADMITTED, EventKind.RESUMED, EventKind.PREEMPTED)
 
 
+def _last_not_preempted(moves: pd.DataFrame, rows: pd.DataFrame) -> np.ndarray:
+    """Per row of `rows`: whether its request's last run-state event (in time order, seq
+    breaking ties) is one that runs it, not `preempted`; False without any."""
+    (move_ids, row_ids), ids = shared_codes(moves["request_id"], rows["request_id"])
+    order = np.lexsort((moves["seq"].to_numpy(dtype=float), moves["t"].to_numpy(dtype=float)))
+    order = order[move_ids[order] >= 0]
+    latest = order[::-1][numbered(move_ids[order][::-1])[1]]  # each request's last move
+    running = np.zeros(len(ids) + 1, dtype=bool)  # the last entry: a request without id
+    running[move_ids[latest]] = ~moves["event"].iloc[latest].eq(EventKind.PREEMPTED).to_numpy()
+    found: np.ndarray = running[np.where(row_ids < 0, len(ids), row_ids)]
+    return found
+
+
 def _not_completed(events: pd.DataFrame, rows: pd.DataFrame) -> pd.Series:
     """Per preempted request: why it did not complete, the first reason that holds ("" when
     it completed)."""
@@ -293,8 +311,7 @@ def _not_completed(events: pd.DataFrame, rows: pd.DataFrame) -> pd.Series:
         events["request_id"], rows["request_id"].unique()
     )
     moves = events.loc[moving, ["request_id", "t", "seq", "event"]]
-    last = moves.sort_values(["t", "seq"], kind="stable").groupby("request_id")["event"].last()
-    ran_again = rows["request_id"].map(last.ne(EventKind.PREEMPTED)).fillna(False).astype(bool)
+    ran_again = pd.Series(_last_not_preempted(moves, rows), index=rows.index)
     finish = rows["finish_reason"]
     finished = "finished " + finish.astype(str).fillna("without a finish_reason")
     tokens, asked = rows["completion_tokens"], rows["max_tokens"]

@@ -27,6 +27,7 @@ import pyarrow.parquet as pq
 from contract import FaultEffect
 from contract.servers import ServerProfile
 from gates import run_profile, schema
+from gates.keys import one_dictionary
 from gates.legacy import fill_fault_effects
 from gates.meta import meta_problems
 
@@ -144,6 +145,7 @@ def load_run(run_dir: Path | str, current_profiles: bool = False) -> RunData:
     except run_profile.ProfileSnapshotError as exc:
         raise RunDirError(f"{path / schema.META_FILE}: {exc}") from exc
     tables = {name: read_table(path, name) for name in schema.TABLES}
+    share_dictionaries(tables[schema.REQUESTS].frame, tables[schema.SERVER_EVENTS].frame)
     return RunData(
         path=path,
         meta=meta,
@@ -160,6 +162,45 @@ def load_run(run_dir: Path | str, current_profiles: bool = False) -> RunData:
         parts={name: table.parts for name, table in tables.items() if table.parts},
         set_aside={name: table.set_aside for name, table in tables.items() if table.set_aside},
     )
+
+
+def share_dictionaries(requests: pd.DataFrame, events: pd.DataFrame) -> None:
+    """Code both tables' request ids once, over one dictionary (gates/keys.py): the metrics
+    join requests with their events on these integers, and each row holds a code instead
+    of its own copy of the id. The columns both tables hold as categoricals (replica,
+    tenant, priority) get one dtype too, so they compare and join by code as well."""
+    requests["request_id"], events["request_id"] = one_dictionary(
+        requests["request_id"], events["request_id"]
+    )
+    for column in sorted(CATEGORIES[schema.REQUESTS] & CATEGORIES[schema.SERVER_EVENTS]):
+        requests[column], events[column] = _one_dtype(requests[column], events[column])
+
+
+def _one_dtype(*columns: pd.Series) -> list[pd.Series]:
+    """Categoricals of text (categorical_text) over the union of their categories, sorted,
+    all of them of the very same dtype."""
+    union = columns[0].cat.categories
+    for column in columns[1:]:
+        union = union.union(column.cat.categories)
+    dtype = pd.CategoricalDtype(union.sort_values())
+    return [
+        pd.Series(
+            pd.Categorical.from_codes(
+                _recoded(column.cat.codes.to_numpy(), column.cat.categories, dtype.categories),
+                dtype=dtype,
+            ),
+            index=column.index,
+            name=column.name,
+        )
+        for column in columns
+    ]
+
+
+def _recoded(codes: np.ndarray, old: pd.Index, new: pd.Index) -> np.ndarray:
+    """Codes over categories `old` as codes over `new`, which hold every one of them."""
+    mapping = np.append(new.get_indexer(old), -1)  # the last: missing stays missing
+    recoded: np.ndarray = mapping[np.where(codes < 0, len(old), codes)]
+    return recoded
 
 
 def _fault_effects(faults: pd.DataFrame, run_dir: Path) -> pd.DataFrame:

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-import pyarrow as pa
-import pyarrow.compute as pc
 
 from contract import FaultEffect, Outcome
 from contract.enums import BROKEN_OUTCOMES
@@ -167,14 +165,3 @@ def counter_increase(samples: pd.DataFrame) -> pd.DataFrame:
             "t_first": t_first.reindex(range(len(at))).to_numpy(),
         }
     )
-
-
-def isin(series: pd.Series, values: object) -> np.ndarray:
-    """Membership of string ids in a large set, via Arrow (pandas loops in Python for this)."""
-    try:
-        left = pa.array(series, from_pandas=True).cast(pa.large_string())
-        right = pa.array(np.asarray(values, dtype=object), from_pandas=True).cast(pa.large_string())
-    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
-        return np.asarray(series.isin(list(np.asarray(values, dtype=object))), dtype=bool)
-    found = pc.is_in(left, value_set=right, skip_nulls=True)
-    return np.asarray(found.to_numpy(zero_copy_only=False), dtype=bool)

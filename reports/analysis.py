@@ -16,13 +16,13 @@ from pandas.api.typing import SeriesGroupBy
 from contract import EventKind, Outcome, servers
 from contract.seed import SEED
 from gates.applicability import available
-from gates.keys import numbered, per_distinct, shared_codes
+from gates.keys import isin, numbered, per_distinct, shared_codes
 from gates.metrics import REGISTRY
 from gates.metrics_requests import class_priority
 from gates.rundir import RunData
 from gates.stats import percentile
 from gates.terms import GateFilter
-from gates.windows import counter_increase, isin, label_value
+from gates.windows import counter_increase, label_value
 
 BUCKETS = 240
 DEFAULT_WATERMARKS = SEED.watermarks()
