@@ -37,7 +37,7 @@ def one_dictionary(*columns: pd.Series) -> list[pd.Series]:
     appearance: an id has the same code in each of them, so they join and match as integers
     (`shared_codes`, `first_index`, `isin`). Missing stays missing."""
     codes, texts = shared_codes(*columns)
-    dtype = pd.CategoricalDtype(pd.Index(texts, dtype=texts.dtype))
+    dtype = _distinct_dtype(pd.Index(texts, dtype=texts.dtype))
     return [
         pd.Series(
             pd.Categorical.from_codes(c, dtype=dtype, validate=False),
@@ -46,6 +46,17 @@ def one_dictionary(*columns: pd.Series) -> list[pd.Series]:
         )
         for c, column in zip(codes, columns, strict=True)
     ]
+
+
+def _distinct_dtype(texts: pd.Index) -> pd.CategoricalDtype:
+    """A categorical dtype over texts known to be distinct and never missing (factorize's
+    uniques). pandas' public constructor checks both again by hashing every text, seconds
+    for a soak's ten million ids, so its unchecked one is used where this pandas has it."""
+    unchecked = getattr(pd.CategoricalDtype, "_from_fastpath", None)
+    if unchecked is None:
+        return pd.CategoricalDtype(texts)
+    dtype: pd.CategoricalDtype = unchecked(texts, False)
+    return dtype
 
 
 def dictionary(*columns: pd.Series | pd.Index | pd.Categorical) -> pd.Index | None:
@@ -92,28 +103,100 @@ def per_distinct(
     """`fn(rows)`, for an `fn` whose value in a row depends only on that row's `columns`:
     computed once per distinct combination of them (a missing value is one of its own) and
     spread over the rows, since millions of requests end in a few dozen ways."""
-    key, width = np.zeros(len(rows), dtype=np.int64), 1
-    for column in columns:
-        codes, texts = pd.factorize(rows[column], use_na_sentinel=False)
-        if width * (len(texts) + 1) > 2**62:  # numbered again before the codes overflow
-            key = pd.factorize(key)[0]
-            width = int(key.max(initial=0)) + 1
-        key, width = key * (len(texts) + 1) + codes, width * (len(texts) + 1)
-    inverse, first = numbered(key)
+    inverse, first = _combinations(rows, columns)
     values = fn(rows.iloc[first])
     return pd.Series(values.array.take(inverse), index=rows.index, name=values.name)
 
 
+def distinct_categories(
+    rows: pd.DataFrame, columns: Sequence[str], fn: Callable[[pd.DataFrame], pd.Series]
+) -> pd.Series:
+    """`per_distinct(rows, columns, fn)` for text, as a categorical whose categories are its
+    values sorted: grouped by, it orders and groups as that text would, without a string per
+    row."""
+    inverse, first = _combinations(rows, columns)
+    values = fn(rows.iloc[first])
+    codes, texts = pd.factorize(values, use_na_sentinel=True)
+    order = np.argsort(np.asarray(texts, dtype=object), kind="stable")
+    rank = np.empty(len(texts) + 1, dtype=np.int64)
+    rank[order] = np.arange(len(texts))
+    rank[-1] = -1  # missing
+    dtype = pd.CategoricalDtype(pd.Index(texts, dtype=values.dtype).take(order))
+    spread = rank[np.asarray(codes, dtype=np.int64)[inverse]]
+    return pd.Series(
+        pd.Categorical.from_codes(spread, dtype=dtype), index=rows.index, name=values.name
+    )
+
+
+def distinct_counts(
+    rows: pd.DataFrame, columns: Sequence[str], fn: Callable[[pd.DataFrame], pd.Series]
+) -> pd.Series:
+    """`per_distinct(rows, columns, fn).value_counts()`, without spreading the values over
+    the rows: each distinct value of `fn` with how many rows have it, commonest first, ties
+    in order of first appearance, missing values left out."""
+    inverse, first = _combinations(rows, columns)
+    values = fn(rows.iloc[first])
+    each = pd.Series(np.bincount(inverse, minlength=len(first)), index=values.to_numpy())
+    each = each[pd.notna(values).to_numpy()]
+    found = each.groupby(level=0, sort=False).sum()  # combinations that read alike
+    found.index = pd.Index(found.index, dtype=values.dtype, name=values.name)
+    return found.rename("count").sort_values(ascending=False, kind="stable")
+
+
+def _combinations(rows: pd.DataFrame, columns: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's number, counting the distinct combinations of `columns` in order of first
+    appearance (a missing value is one of its own), and where each first appears."""
+    key, width = np.zeros(len(rows), dtype=np.int64), 1
+    for column in columns:
+        codes, distinct = _value_codes(rows[column])
+        if width * distinct > DENSE_SPAN * len(rows) + 1024:
+            # the combinations so far numbered again: the keys stay narrow (and never
+            # overflow), so that they are counted in an array rather than hashed
+            key = numbered(key)[0]
+            width = int(key.max(initial=0)) + 1
+        key, width = key * distinct + codes, width * distinct
+    return numbered(key)
+
+
+# Keys spanning at most this many values per key (codes of a dictionary, pairs of codes
+# with a few replicas) are counted in an array as long as their span rather than hashed.
+DENSE_SPAN = 4
+
+
+def _value_codes(values: pd.Series) -> tuple[np.ndarray, int]:
+    """One code per value, from 0, missing one of them; and how many codes there can be.
+    A categorical's own codes (missing: 0), else the values numbered by hashing."""
+    if isinstance(values.dtype, pd.CategoricalDtype):
+        codes = np.asarray(values.cat.codes, dtype=np.int64) + 1
+        return codes, len(values.cat.categories) + 1
+    numbers, texts = pd.factorize(values, use_na_sentinel=False)
+    return np.asarray(numbers, dtype=np.int64), len(texts) + 1
+
+
 def numbered(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Each key's number, counting distinct keys in order of first appearance, and the
-    position of each number's first appearance (ascending). By hashing, not sorting: on tens
-    of millions of keys a sort is the slow part."""
-    number = np.asarray(pd.factorize(keys)[0], dtype=np.int64)
-    if len(number) == 0:
-        return number, number
-    highest = np.maximum.accumulate(number)
-    first = np.flatnonzero(np.concatenate([[True], highest[1:] > highest[:-1]]))
-    return number, first
+    position of each number's first appearance (ascending). Never by sorting: on tens of
+    millions of keys a sort is the slow part. Keys of a narrow span (codes) are placed in an
+    array indexed by key; others are hashed."""
+    keys = np.asarray(keys)
+    if len(keys) == 0:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    low = int(keys.min())
+    span = int(keys.max()) - low + 1
+    if span > DENSE_SPAN * len(keys) + 1024:
+        number = np.asarray(pd.factorize(keys)[0], dtype=np.int64)
+        highest = np.maximum.accumulate(number)
+        first = np.flatnonzero(np.concatenate([[True], highest[1:] > highest[:-1]]))
+        return number, first
+    # each key's first position, then the first positions in order: a key's number is how
+    # many first positions come before its own
+    offset = keys - low
+    position = np.full(span, len(keys), dtype=np.int64)
+    np.minimum.at(position, offset, np.arange(len(keys)))
+    is_first = np.zeros(len(keys), dtype=bool)
+    is_first[position[position < len(keys)]] = True
+    number = (np.cumsum(is_first) - 1)[position[offset]]
+    return number, np.flatnonzero(is_first)
 
 
 def isin(
@@ -142,9 +225,20 @@ def isin(
 
 
 def members(values: np.ndarray, allowed: np.ndarray) -> np.ndarray:
-    """`np.isin` over integer codes, by hashing (np.isin sorts both)."""
-    found: np.ndarray = pd.Series(values).isin(allowed).to_numpy()
-    return found
+    """`np.isin` over integer codes, by hashing (np.isin sorts both), or where the codes
+    span a narrow range, in an array indexed by code."""
+    values, allowed = np.asarray(values), np.asarray(allowed)
+    if len(values) == 0 or len(allowed) == 0:
+        return np.zeros(len(values), dtype=bool)
+    low = min(int(values.min()), int(allowed.min()))
+    span = max(int(values.max()), int(allowed.max())) - low + 1
+    if span > DENSE_SPAN * (len(values) + len(allowed)) + 1024:
+        found: np.ndarray = pd.Series(values).isin(allowed).to_numpy()
+        return found
+    inside = np.zeros(span, dtype=bool)
+    inside[allowed - low] = True
+    dense: np.ndarray = inside[values - low]
+    return dense
 
 
 def first_index(keys: pd.Series, table: pd.Series) -> np.ndarray:

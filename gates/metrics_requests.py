@@ -18,7 +18,14 @@ import pandas as pd
 import contract
 from contract import ClientCode, EventKind, FinishReason, Outcome
 from contract.enums import ANSWERED_OR_CANCELLED, DEATH_EVENTS, FAILED_OUTCOMES, NORMAL_FINISHES
-from gates.keys import isin, numbered, pair_codes, per_distinct, shared_codes
+from gates.keys import (
+    distinct_counts,
+    isin,
+    numbered,
+    pair_codes,
+    per_distinct,
+    shared_codes,
+)
 from gates.registry import Cause, Observations, metric
 from gates.rundir import RunData
 from gates.terms import GateFilter
@@ -61,8 +68,13 @@ def _describe(flt: GateFilter) -> str:
     return " ".join(parts) or "any"
 
 
-def _evidence(rows: pd.DataFrame, value: pd.Series, time_column: str) -> pd.DataFrame:
-    detail = per_distinct(rows, ["traffic_class", "priority"], class_priority)
+def _evidence(
+    rows: pd.DataFrame, value: pd.Series, time_column: str, detail: pd.Series | None = None
+) -> pd.DataFrame:
+    """One evidence row per request: its value, who and when, and `detail` (by default its
+    class and priority)."""
+    if detail is None:
+        detail = per_distinct(rows, ["traffic_class", "priority"], class_priority)
     return pd.DataFrame(
         {
             "value": value.to_numpy(dtype=float),
@@ -131,10 +143,15 @@ def _latency(run: RunData, flt: GateFilter, column: str, what: str) -> Observati
         notes.append(f"{int(censored.sum())} requests got no {what} and count as breaches (+inf)")
     left_out = rows[~judged]
     if not left_out.empty:
-        why = left_out["outcome"].astype(str) + " " + left_out["http_status"].astype(str)
-        counts = ", ".join(f"{n} {k}" for k, n in why.value_counts().items())
+        why = distinct_counts(left_out, ["outcome", "http_status"], lambda r: _ending(r, " "))
+        counts = ", ".join(f"{n} {k}" for k, n in why.items())
         notes.append(f"left out (client cancels and 4xx refusals): {counts}")
     return Observations(frame=frame, n_samples=len(kept), notes=notes)
+
+
+def _ending(rows: pd.DataFrame, between: str) -> pd.Series:
+    """`rejected/503.0`: each request's outcome and HTTP status, as text."""
+    return rows["outcome"].astype(str) + between + rows["http_status"].astype(str)
 
 
 def _int_text(value: float) -> str:
@@ -202,10 +219,13 @@ def cut_short(run: RunData, rows: pd.DataFrame) -> pd.Series:
     t0 = rows["t_send"].to_numpy(dtype=float)
     t_end = t0 + rows["e2e_s"].fillna(0.0).to_numpy(dtype=float)
     t1 = t_end + DEATH_SLACK_S
-    replica = rows["replica"].astype("string").fillna("").to_numpy()
+    # replicas by code: a request that names none (missing, or "") may have been on any
+    replica, names = pd.factorize(rows["replica"], use_na_sentinel=True)
+    code = {str(name): i for i, name in enumerate(names)}
+    unnamed = (replica < 0) | (replica == code.get("", -2))
     died = np.zeros(len(rows), dtype=bool)
     for name, at in zip(deaths["replica"].astype(str), deaths["t"].astype(float), strict=True):
-        died |= (t0 <= at) & (at <= t1) & ((replica == name) | (replica == ""))
+        died |= (t0 <= at) & (at <= t1) & ((replica == code.get(name, -2)) | unnamed)
     died &= ~_abandoned(events, rows, t_end)
     return stopped | (failed & pd.Series(died, index=rows.index))
 
@@ -406,12 +426,11 @@ def explicit_refusal(run: RunData, flt: GateFilter, params: Mapping[str, Any]) -
         )
     retry_status = unserved["http_status"].isin(contract.RETRY_STATUSES)
     explicit = retry_status & unserved["retry_after_s"].notna()
-    frame = _evidence(unserved, explicit.astype(float), "t_send")
-    frame["detail"] = (
-        unserved["outcome"].astype(str) + " status=" + unserved["http_status"].astype(str)
-    ).to_numpy()
-    counts = unserved["outcome"].astype(str) + "/" + unserved["http_status"].astype(str)
-    notes = ["counted: " + ", ".join(f"{n} {k}" for k, n in counts.value_counts().items())]
+    ending = ["outcome", "http_status"]
+    detail = per_distinct(unserved, ending, lambda r: _ending(r, " status="))
+    frame = _evidence(unserved, explicit.astype(float), "t_send", detail)
+    counts = distinct_counts(unserved, ending, lambda r: _ending(r, "/"))
+    notes = ["counted: " + ", ".join(f"{n} {k}" for k, n in counts.items())]
     if client_fault.any():
         notes.append(f"left out: {int(client_fault.sum())} client errors (4xx other than 429)")
     if cut.any():

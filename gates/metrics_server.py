@@ -17,7 +17,8 @@ from scipy.stats import beta
 from contract import EventKind, Outcome, servers
 from contract.enums import LIFECYCLE_EVENTS
 from gates import stats
-from gates.keys import isin, pair_codes, shared_codes, text_codes
+from gates.categories import per_category
+from gates.keys import isin, numbered, pair_codes, shared_codes, text_codes
 from gates.metrics_requests import DEATH_SLACK_S, EVENT_KEYS, RECORD_COLUMNS
 from gates.registry import Cause, Observations, metric
 from gates.rundir import RunData
@@ -95,10 +96,8 @@ def oom_events(run: RunData, flt: GateFilter, params: Mapping[str, Any]) -> Obse
         return Observations.none(
             "no server events, kvgate_oom_total samples or requests in the window"
         )
-    said_oom = answers[
-        answers["error_message"].astype("string").str.contains(OOM_REASON, regex=True, na=False)
-    ]
-    oom_reason = events["reason"].astype("string").str.contains(OOM_REASON, regex=True, na=False)
+    said_oom = answers[per_category(answers["error_message"], _names_oom)]
+    oom_reason = per_category(events["reason"], _names_oom)
     died = events["event"].eq(EventKind.REPLICA_DIED) & oom_reason
     hits = events[events["event"].eq(EventKind.OOM) | died]
     parts = [
@@ -144,6 +143,12 @@ def oom_events(run: RunData, flt: GateFilter, params: Mapping[str, Any]) -> Obse
     return Observations(
         frame=frame, n_samples=len(events) + len(samples) + len(answers), notes=notes
     )
+
+
+def _names_oom(text: pd.Series) -> pd.Series:
+    """Whether each text names an out-of-memory (OOM_REASON); False where missing."""
+    named: pd.Series = text.astype("string").str.contains(OOM_REASON, regex=True, na=False)
+    return named
 
 
 def _unexplained_deaths(run: RunData, flt: GateFilter) -> pd.DataFrame:
@@ -391,7 +396,8 @@ def _on_two_replicas(held: pd.DataFrame) -> np.ndarray:
     ids, replicas = text_codes(held["request_id"]), text_codes(held["replica"])
     named = replicas >= 0
     n = int(replicas.max(initial=-1)) + 1
-    pairs = pd.unique(pair_codes(ids[named], replicas[named], n))
+    pairs = pair_codes(ids[named], replicas[named], n)
+    pairs = pairs[numbered(pairs)[1]]  # each distinct (request, replica) once
     replicas_of = np.bincount(pairs // (n + 1), minlength=int(ids.max(initial=-1)) + 2)
     several: np.ndarray = replicas_of[ids + 1] > 1  # pair codes count a missing id as 0
     return several
@@ -589,9 +595,9 @@ def _earliest(ids: np.ndarray, t: pd.Series, n: int) -> np.ndarray:
     """Per code below `n` (and one more, last, for a missing id: NaN), the earliest of the
     times `t` of the rows with that code; NaN for a code without a time."""
     known = ids >= 0
-    earliest = pd.Series(t.to_numpy(dtype=float)[known]).groupby(ids[known]).min()
-    found: np.ndarray = earliest.reindex(range(n + 1)).to_numpy(dtype=float, copy=True)
-    return found
+    earliest = np.full(n + 1, np.nan)
+    np.fmin.at(earliest, ids[known], t.to_numpy(dtype=float)[known])  # fmin: NaN is no time
+    return earliest
 
 
 def _peak_reading(admitted: int, sent: int, trough_share: float, limit: float) -> tuple[str, float]:

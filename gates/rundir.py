@@ -362,7 +362,7 @@ def rows_frame(rows: list[dict[str, Any]], name: str, where: Callable[[int], str
     for column in extra:
         columns[column] = pd.Series([row.get(column) for row in rows]).infer_objects()
     frame = pd.DataFrame(columns, index=pd.RangeIndex(len(rows)))
-    _check_whole(frame, name, where)
+    _check_whole(frame, name, where, frozenset())
     return frame
 
 
@@ -378,10 +378,13 @@ def _first_bad(values: list[Any], column: str) -> int | None:
     return next(i for i, v in enumerate(values) if type(v) not in allowed)
 
 
-def _check_whole(frame: pd.DataFrame, name: str, where: Callable[[int], str]) -> None:
-    """Integer columns hold whole numbers (or nothing): 3.5 chunks or an infinite pid is a bug."""
+def _check_whole(
+    frame: pd.DataFrame, name: str, where: Callable[[int], str], stored_whole: frozenset[str]
+) -> None:
+    """Integer columns hold whole numbers (or nothing): 3.5 chunks or an infinite pid is a bug.
+    Columns in `stored_whole` were stored as integers, which nothing else can be."""
     for column in COLUMNS[name]:
-        if column not in schema.INT_COLUMNS:
+        if column not in schema.INT_COLUMNS or column in stored_whole:
             continue
         values = frame[column].to_numpy(dtype=np.float64, na_value=np.nan)
         bad = ~np.isnan(values) & ~(np.isfinite(values) & (np.floor(values) == values))
@@ -423,8 +426,23 @@ def _read_parquet(path: Path, name: str) -> pd.DataFrame:
             arrow = arrow.set_column(
                 arrow.column_names.index(column), column, arrow.column(column).cast(pa.string())
             )
-    frame = arrow.to_pandas()
-    return _conform(frame, name, lambda i: f"{path} row {i + 1}")
+    # Column by column, each freed once converted: a table of tens of millions of rows is
+    # never held twice over (in Arrow's memory and in pandas'). A float column without
+    # nulls comes over as Arrow's own memory, which is read-only: it gets a copy, for a
+    # reader may change a table it was given in place.
+    borrowed = [
+        c
+        for c in arrow.column_names
+        if pa.types.is_float64(arrow.schema.field(c).type) and arrow.column(c).null_count == 0
+    ]
+    integers = frozenset(
+        c for c in arrow.column_names if pa.types.is_integer(arrow.schema.field(c).type)
+    )
+    frame = arrow.to_pandas(split_blocks=True, self_destruct=True)
+    del arrow
+    for column in borrowed:
+        frame[column] = frame[column].to_numpy(copy=True)
+    return _conform(frame, name, lambda i: f"{path} row {i + 1}", integers)
 
 
 def _unreadable_fix(path: Path, name: str) -> str:
@@ -443,8 +461,14 @@ def _unreadable_fix(path: Path, name: str) -> str:
     )
 
 
-def _conform(frame: pd.DataFrame, name: str, where: Callable[[int], str]) -> pd.DataFrame:
-    """Add absent schema columns (all missing) and give every column one dtype per kind."""
+def _conform(
+    frame: pd.DataFrame,
+    name: str,
+    where: Callable[[int], str],
+    stored_whole: frozenset[str] = frozenset(),
+) -> pd.DataFrame:
+    """Add absent schema columns (all missing) and give every column one dtype per kind;
+    `stored_whole`: the columns the file stores as integers (_check_whole)."""
     frame = frame.reset_index(drop=True)
     for column in COLUMNS[name]:
         if column not in frame.columns:
@@ -455,7 +479,7 @@ def _conform(frame: pd.DataFrame, name: str, where: Callable[[int], str]) -> pd.
             frame[column] = categorical_text(frame[column])
         elif frame[column].dtype != TEXT:
             frame[column] = frame[column].astype(TEXT)
-    _check_whole(frame, name, where)
+    _check_whole(frame, name, where, stored_whole)
     return frame
 
 

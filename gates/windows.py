@@ -11,6 +11,7 @@ import pandas as pd
 
 from contract import FaultEffect, Outcome
 from contract.enums import BROKEN_OUTCOMES
+from gates.categories import per_category
 from gates.keys import numbered, pair_codes, text_codes
 from gates.rundir import RunData
 from gates.terms import GateFilter
@@ -110,6 +111,21 @@ def select(
     class_column: str | None = "traffic_class",
 ) -> pd.DataFrame | str:
     """Rows of `frame` matching the filter (class, priority, tenant, window)."""
+    mask = select_mask(frame, run, flt, time_column, class_column=class_column)
+    if isinstance(mask, str):
+        return mask
+    return frame[mask] if not mask.all() else frame
+
+
+def select_mask(
+    frame: pd.DataFrame,
+    run: RunData,
+    flt: GateFilter,
+    time_column: str,
+    *,
+    class_column: str | None = "traffic_class",
+) -> np.ndarray | str:
+    """`select`'s rows as a mask over `frame`, or why the run has none."""
     mask = np.ones(len(frame), dtype=bool)
     if flt.traffic_class and class_column:
         mask &= frame[class_column].isin(flt.traffic_class).to_numpy()
@@ -122,13 +138,17 @@ def select(
         if isinstance(intervals, str):
             return intervals
         mask &= in_intervals(frame[time_column], intervals)
-    return frame[mask] if not mask.all() else frame
+    return mask
 
 
 def label_value(labels: pd.Series, key: str) -> pd.Series:
     """The value of `key` in canonical "k=v,k=v" label strings ("" when absent)."""
-    extracted = labels.astype("string").str.extract(rf"(?:^|,){key}=([^,]*)", expand=False)
-    return extracted.fillna("").astype(object)
+
+    def extract(text: pd.Series) -> pd.Series:
+        found = text.astype("string").str.extract(rf"(?:^|,){key}=([^,]*)", expand=False)
+        return found.fillna("").astype(object)
+
+    return per_category(labels, extract)
 
 
 def counter_increase(samples: pd.DataFrame) -> pd.DataFrame:

@@ -16,7 +16,7 @@ from pandas.api.typing import SeriesGroupBy
 from contract import EventKind, Outcome, servers
 from contract.seed import SEED
 from gates.applicability import available
-from gates.keys import isin, numbered, per_distinct, shared_codes
+from gates.keys import distinct_categories, isin, numbered, shared_codes
 from gates.metrics import REGISTRY
 from gates.metrics_requests import class_priority
 from gates.rundir import RunData
@@ -124,10 +124,11 @@ def ttft_quantiles(run: RunData) -> pd.DataFrame:
     rows = run.requests.loc[run.requests["ttft_s"].notna(), [*columns, "ttft_s"]]
     if rows.empty:
         return pd.DataFrame(columns=["group", "p50", "p95", "p99", "n"])
-    group = per_distinct(rows, columns, class_priority)
-    grouped = rows["ttft_s"].groupby(group)
+    group = distinct_categories(rows, columns, class_priority)
+    grouped = rows["ttft_s"].groupby(group, observed=True)
     out = pd.DataFrame({f"p{q}": _percentile(grouped, q) for q in (50, 95, 99)})
     out["n"] = grouped.size()
+    out.index = out.index.astype(str)
     return out.reset_index(names="group")
 
 
@@ -186,14 +187,16 @@ def reservation_error(run: RunData) -> pd.DataFrame:
     # each request's first admission, in the table's order
     at = np.flatnonzero(admitted)
     first = at[numbered(ids[at])[1]]
-    peak = pd.Series(used[mine]).groupby(ids[mine]).max()
+    peak = np.full(len(texts), np.nan)
+    np.fmax.at(peak, ids[mine], used[mine])
     # Request length from the client's record (the server's usage, else the workload's aim);
     # at admission the server may not hold the prompt in KV yet.
     req = run.requests
     length = req["prompt_tokens"].fillna(req["target_prompt_tokens"]).to_numpy(dtype=float)
-    record = np.full(len(texts), -1)
     known = np.flatnonzero(sent >= 0)
-    record[sent[known][::-1]] = known[::-1]  # the first record of each id wins
+    record = np.full(len(texts), len(sent))
+    np.minimum.at(record, sent[known], known)  # the first record of each id wins
+    record[record == len(sent)] = -1
     codes = ids[first]
     prompt = np.append(length, np.nan)[record[codes]]  # -1: no record, no length
     out = pd.DataFrame(
@@ -201,7 +204,7 @@ def reservation_error(run: RunData) -> pd.DataFrame:
             "request_id": ev["request_id"].array.take(first),
             "prompt": pd.Series(prompt).fillna(pd.Series(used[first])).to_numpy(),
             "reserved": ev["reserved_tokens"].to_numpy(dtype=float)[first],
-            "used": peak.reindex(codes).to_numpy(),
+            "used": peak[codes],
         }
     )
     out["error"] = out["used"] / out["reserved"] - 1.0

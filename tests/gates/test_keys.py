@@ -23,6 +23,8 @@ from gates import schema
 from gates.evidence.checks_clock import ENTRY_EVENTS, offset_intervals
 from gates.evidence.checks_events import release_by_holder
 from gates.keys import (
+    distinct_categories,
+    distinct_counts,
     first_index,
     isin,
     members,
@@ -127,8 +129,19 @@ def test_per_distinct_is_the_function_row_by_row(rows: list[tuple[str | None, fl
     )
 
 
-@given(st.lists(st.integers(-1, 5), max_size=40), st.lists(st.integers(-1, 5), max_size=10))
-def test_numbered_and_members_as_sorting_finds_them(keys: list[int], allowed: list[int]) -> None:
+# codes of a dictionary (counted in an array), and keys too far apart for one (hashed)
+NARROW = st.integers(-1, 5)
+WIDE = st.sampled_from([-(2**40), -1, 0, 7, 2**33, 2**40])
+
+
+@given(
+    st.one_of(
+        st.tuples(st.lists(NARROW, max_size=40), st.lists(NARROW, max_size=10)),
+        st.tuples(st.lists(WIDE, max_size=40), st.lists(WIDE, max_size=10)),
+    )
+)
+def test_numbered_and_members_as_sorting_finds_them(drawn: tuple[list[int], list[int]]) -> None:
+    keys, allowed = drawn
     values = np.array(keys, dtype=np.int64)
     number, first = numbered(values)
     _, expected_first = np.unique(values, return_index=True)
@@ -489,3 +502,36 @@ def _reference_failure_label(rows: pd.DataFrame) -> pd.Series:
     return (
         status + rows["outcome"].astype(str) + " " + code.where(code.ne(""), message)
     ).str.strip()
+
+
+@given(st.lists(st.tuples(IDS, st.sampled_from([200.0, 503.0, np.nan])), max_size=30))
+def test_distinct_counts_are_the_value_counts(rows: list[tuple[str | None, float]]) -> None:
+    frame = pd.DataFrame(
+        {"request_id": _text([r[0] for r in rows]), "status": [r[1] for r in rows]}
+    )
+
+    def label(part: pd.DataFrame) -> pd.Series:
+        # "a"/200 and "a"/503 read alike: their counts add up
+        return part["request_id"].astype(str) + " " + part["status"].ge(500).astype(str)
+
+    expected = per_distinct(frame, ["request_id", "status"], label).value_counts()
+    found = distinct_counts(frame, ["request_id", "status"], label)
+    pd.testing.assert_series_equal(found, expected)
+
+
+@given(st.lists(st.tuples(IDS, st.sampled_from([200.0, 503.0, np.nan])), max_size=30))
+def test_distinct_categories_group_as_the_text_does(rows: list[tuple[str | None, float]]) -> None:
+    frame = pd.DataFrame(
+        {"request_id": _text([r[0] for r in rows]), "status": [r[1] for r in rows]}
+    )
+
+    def label(part: pd.DataFrame) -> pd.Series:
+        return part["request_id"].astype(str) + " " + part["status"].ge(500).astype(str)
+
+    text = per_distinct(frame, ["request_id", "status"], label)
+    coded = distinct_categories(frame, ["request_id", "status"], label)
+    assert coded.astype(str).tolist() == text.tolist()  # NaN stays NaN
+    expected = frame["status"].groupby(text).size()
+    found = frame["status"].groupby(coded, observed=True).size()
+    assert found.index.astype(str).tolist() == expected.index.tolist()
+    assert found.tolist() == expected.tolist()
