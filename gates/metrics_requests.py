@@ -287,7 +287,8 @@ def preempted_completion(run: RunData, flt: GateFilter, params: Mapping[str, Any
             "the preempted requests have no client record (or the client cancelled them, "
             "their replica was killed, or the run ended under them)"
         )
-    why = _not_completed(run.server_events, rows)
+    read = _completion(run.server_events, rows)
+    why = per_distinct(read, list(read.columns), _why_not)
     frame = _evidence(rows, why.eq("").astype(float), "t_send")
     frame["detail"] = frame["detail"] + " " + why.where(why.ne(""), "completed").to_numpy()
     notes = []
@@ -299,9 +300,9 @@ def preempted_completion(run: RunData, flt: GateFilter, params: Mapping[str, Any
     unknown = len(preempted) - int(known.sum())
     if unknown > 0:
         notes.append(f"{unknown} preempted request ids have no client record")
-    failing = why[why.ne("")].str.replace(r" after \d+ of \d+ tokens", " short", regex=True)
+    failing = distinct_counts(read, list(read.columns), _why_not_short)
     if not failing.empty:
-        counts = ", ".join(f"{n} {k}" for k, n in failing.value_counts().items())
+        counts = ", ".join(f"{n} {k}" for k, n in failing.items())
         notes.append(f"not completed: {counts}")
     return Observations(frame=frame, n_samples=len(rows), notes=notes)
 
@@ -324,14 +325,29 @@ def _last_not_preempted(moves: pd.DataFrame, rows: pd.DataFrame) -> np.ndarray:
     return found
 
 
-def _not_completed(events: pd.DataFrame, rows: pd.DataFrame) -> pd.Series:
-    """Per preempted request: why it did not complete, the first reason that holds ("" when
-    it completed)."""
+def _completion(events: pd.DataFrame, rows: pd.DataFrame) -> pd.DataFrame:
+    """What `_why_not` reads of each preempted request: its record's ending and whether it
+    ran again after its last preemption (`ran_again`)."""
     moving = events["event"].isin(RUN_STATE_EVENTS).to_numpy() & isin(
         events["request_id"], rows["request_id"].unique()
     )
     moves = events.loc[moving, ["request_id", "t", "seq", "event"]]
-    ran_again = pd.Series(_last_not_preempted(moves, rows), index=rows.index)
+    columns = ["outcome", "chunks", "max_tokens", "finish_reason", "completion_tokens"]
+    return rows[columns].assign(ran_again=_last_not_preempted(moves, rows))
+
+
+def _why_not_short(rows: pd.DataFrame) -> pd.Series:
+    """`_why_not`, the token counts left out, and missing where the request completed: how
+    the notes count the failures."""
+    why = _why_not(rows)
+    short = why.str.replace(r" after \d+ of \d+ tokens", " short", regex=True)
+    return short.where(why.ne(""))
+
+
+def _why_not(rows: pd.DataFrame) -> pd.Series:
+    """Per preempted request: why it did not complete, the first reason that holds ("" when
+    it completed)."""
+    ran_again = rows["ran_again"]
     finish = rows["finish_reason"]
     finished = "finished " + finish.astype(str).fillna("without a finish_reason")
     tokens, asked = rows["completion_tokens"], rows["max_tokens"]

@@ -7,6 +7,12 @@ refused with a RunDirError naming the file, table, column and first offending ro
 coerced, because a run judged on the rows that survived a coercion could pass on a lie.
 Null is allowed everywhere and means missing. A crash can cut the last line of a JSON-lines
 file short; that line is dropped and counted, any other unreadable line is an error.
+
+Numbers are float64 (NaN missing). Text with few values (schema.CATEGORY_COLUMNS) is a
+categorical with sorted categories, other text pandas' text dtype; `load_run` then codes
+the request ids of requests and server_events over one dictionary (gates/keys.py) and gives
+the categorical columns the two tables share one dtype. A table of millions of rows is
+compared, selected and joined as integers that way, and holds each text once.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from contract.servers import ServerProfile
 from gates import run_profile, schema
 from gates.keys import one_dictionary
 from gates.legacy import fill_fault_effects
+from gates.memory import keep_freed_memory
 from gates.meta import meta_problems
 
 COLUMNS = schema.TABLE_COLUMNS
@@ -140,6 +147,7 @@ def load_run(run_dir: Path | str, current_profiles: bool = False) -> RunData:
             f"{path} is a file, not a run directory; pass the directory `kvgate run` made"
         )
     meta = read_meta(path)
+    keep_freed_memory()  # a run's tables are large, and judging them makes and drops more
     try:
         judged_by = run_profile.resolve(meta, current=current_profiles)
     except run_profile.ProfileSnapshotError as exc:
