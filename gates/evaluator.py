@@ -311,7 +311,11 @@ def _attach_evidence(result: GateResult, frame: pd.DataFrame, threshold: Thresho
     columns = [
         c for c in ("request_id", "t", "tenant", "replica", "value", "detail") if c in worst.columns
     ]
-    records = worst[columns].astype(object).where(worst[columns].notna(), None).to_dict("records")
+    shown = worst[columns]
+    # a categorical's few rows as text first: as objects, pandas would convert every one of
+    # its categories (a request id has one per request of the run)
+    text = {c: str for c in columns if isinstance(shown[c].dtype, pd.CategoricalDtype)}
+    records = shown.astype(text).astype(object).where(shown.notna(), None).to_dict("records")
     result.evidence = [{k: v for k, v in row.items() if v is not None} for row in records]
 
 

@@ -32,7 +32,7 @@ def steps(run: RunData) -> list[dict[str, Any]]:
 
 def met_slo(rows: pd.DataFrame) -> pd.Series:
     """Per request: served, within its class's TTFT limit, and within TPOT per later token."""
-    limit = rows["priority"].map(dict(contract.GOODPUT_TTFT_S)).fillna(np.inf)
+    limit = rows["priority"].astype(str).map(dict(contract.GOODPUT_TTFT_S)).fillna(np.inf)
     ttft_ok = rows["ttft_s"].le(limit)
     tpot_ok = rows["itl_mean_s"].isna() | rows["itl_mean_s"].le(contract.GOODPUT_TPOT_S)
     return rows["outcome"].eq(Outcome.OK) & ttft_ok & tpot_ok

@@ -22,11 +22,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 import contract
 from contract import Outcome
 from contract.enums import FAILED_OUTCOMES, answered_empty
+from gates import categories
 from gates.keys import per_distinct
 from gates.metrics_requests import (
     EMPTY,
@@ -35,33 +37,56 @@ from gates.metrics_requests import (
     _describe,
     _evidence,
     answered_empty_rows,
+    class_priority,
     cut_short,
 )
 from gates.registry import Cause, Observations, metric
 from gates.rundir import RunData
 from gates.terms import GateFilter
-from gates.windows import select
+from gates.windows import select_mask
 
 TOP_ERRORS = 5
 
 
 def _judged(run: RunData, flt: GateFilter) -> tuple[pd.DataFrame, list[str]] | str:
     """The requests these metrics judge, and notes on what was left out (or why none)."""
-    rows = select(run.requests[RECORD_COLUMNS], run, flt, "t_send")
-    if isinstance(rows, str):
-        return rows
+    chosen = _chosen(run, flt)
+    if isinstance(chosen, str):
+        return chosen
+    kept, notes = chosen
+    if not kept.any():
+        return f"no {_describe(flt)} request that the client did not cancel was sent"
+    return run.requests.loc[kept, RECORD_COLUMNS], notes
+
+
+def _chosen(run: RunData, flt: GateFilter) -> tuple[np.ndarray, list[str]] | str:
+    """Which requests `_judged` keeps, as a mask over the requests table, and its notes;
+    found once per filter for all the metrics that judge them (a mask is small to keep, the
+    rows are not)."""
+    key = ("client-judged", flt.model_dump_json())
+    if key not in run.cache:
+        run.cache[key] = _choose(run, flt)
+    chosen: tuple[np.ndarray, list[str]] | str = run.cache[key]
+    return chosen
+
+
+def _choose(run: RunData, flt: GateFilter) -> tuple[np.ndarray, list[str]] | str:
+    requests = run.requests
+    chosen = select_mask(requests, run, flt, "t_send")
+    if isinstance(chosen, str):
+        return chosen
+    rows = requests.loc[chosen, RECORD_COLUMNS] if not chosen.all() else requests[RECORD_COLUMNS]
     probes = rows["probe"].notna() if "probe" in rows else pd.Series(False, index=rows.index)
     cancelled = rows["outcome"].eq(Outcome.CANCELLED)  # only ever the client's doing
     cut = cut_short(run, rows)
-    kept = rows[~probes & ~cancelled & ~cut]
     notes = []
     if cut.any():
         notes.append(
             f"{int(cut.sum())} requests cut short by an injected fault or the end of the load "
             "left out (the failover gate judges them)"
         )
-    if kept.empty:
-        return f"no {_describe(flt)} request that the client did not cancel was sent"
+    kept = chosen.copy()
+    kept[chosen] = (~probes & ~cancelled & ~cut).to_numpy(dtype=bool)
     return kept, notes
 
 
@@ -111,17 +136,32 @@ def failure_label(rows: pd.DataFrame) -> pd.Series:
     failed alike count together. The gates' notes and the reports' outcome table share it."""
     if rows.empty:
         return pd.Series([], dtype=object)
-    ending = ["http_status", "outcome", "error_code", "error_message"]
-    endings = rows[ending].assign(empty=answered_empty_rows(rows))
-    return per_distinct(endings, [*ending, "empty"], _labels)
+    endings = rows[ENDING].assign(empty=answered_empty_rows(rows))
+    return per_distinct(endings, [*ENDING, "empty"], _labels)
+
+
+# What a request's failure_label reads.
+ENDING = ["http_status", "outcome", "error_code", "error_message"]
+
+
+def labelled_evidence(rows: pd.DataFrame, value: pd.Series) -> pd.DataFrame:
+    """The evidence rows of `rows` (metrics_requests._evidence) with each request's class
+    and priority, then its failure_label, as detail: the text made once per distinct
+    combination of the columns it reads, not once per request and again per part."""
+    columns = ["traffic_class", "priority", *ENDING]
+    read = rows[columns].assign(empty=answered_empty_rows(rows))
+    detail = per_distinct(
+        read, [*columns, "empty"], lambda r: class_priority(r) + " " + _labels(r).array
+    )
+    return _evidence(rows, value, "t_send", detail)
 
 
 def _labels(rows: pd.DataFrame) -> pd.Series:
     """`failure_label` of rows that say whether each was an empty answer (`empty`)."""
     empty = rows["empty"]
     status = rows["http_status"].map(lambda s: "" if pd.isna(s) else f"HTTP {int(s)} ").astype(str)
-    code = rows["error_code"].mask(empty, EMPTY).fillna("").astype(str)
-    message = rows["error_message"].fillna("").astype(str).str.slice(0, 80)
+    code = rows["error_code"].astype(str).mask(empty, EMPTY).fillna("")
+    message = rows["error_message"].astype(str).fillna("").str.slice(0, 80)
     return (
         status + rows["outcome"].astype(str) + " " + code.where(code.ne(""), message)
     ).str.strip()
@@ -130,13 +170,12 @@ def _labels(rows: pd.DataFrame) -> pd.Series:
 def breakdown(rows: pd.DataFrame, bad: pd.Series) -> list[str]:
     """Per traffic class: how many failed of how many, and the commonest reasons."""
     lines = []
-    for klass, group in rows[LABELLED].groupby("traffic_class", sort=True):
-        hit = bad[group.index]
-        if not hit.any():
-            continue
-        reasons = failure_label(group[hit]).value_counts().head(TOP_ERRORS)
+    sent = categories.counts(rows["traffic_class"])
+    failing = rows.loc[bad.to_numpy(dtype=bool), LABELLED]  # only the failed rows are read
+    for klass, group in failing.groupby("traffic_class", sort=True):
+        reasons = failure_label(group).value_counts().head(TOP_ERRORS)
         top = "; ".join(f"{n} {label}" for label, n in reasons.items())
-        lines.append(f"{klass}: {int(hit.sum())} of {len(group)} failed ({top})")
+        lines.append(f"{klass}: {len(group)} of {int(sent[klass])} failed ({top})")
     return lines
 
 
@@ -156,8 +195,7 @@ def availability(run: RunData, flt: GateFilter, params: Mapping[str, Any]) -> Ob
         return Observations.none(judged)
     rows, notes = judged
     bad = failed(rows)
-    frame = _evidence(rows, (~bad).astype(float), "t_send")
-    frame["detail"] = frame["detail"] + " " + failure_label(rows).array
+    frame = labelled_evidence(rows, (~bad).astype(float))
     return Observations(frame=frame, n_samples=len(rows), notes=breakdown(rows, bad) + notes)
 
 
@@ -177,9 +215,8 @@ def timeouts_disconnects(run: RunData, flt: GateFilter, params: Mapping[str, Any
         return Observations.none(judged)
     rows, notes = judged
     hit = rows["outcome"].isin((Outcome.TIMEOUT, Outcome.DISCONNECTED))
-    frame = _evidence(rows, hit.astype(float), "t_send")
-    frame["detail"] = frame["detail"] + " " + failure_label(rows).array
-    counts = rows.loc[hit, "outcome"].value_counts()
+    frame = labelled_evidence(rows, hit.astype(float))
+    counts = categories.counts(rows.loc[hit, "outcome"])
     if not counts.empty:
         notes = [", ".join(f"{n} {o}" for o, n in counts.items()), *breakdown(rows, hit), *notes]
     return Observations(frame=frame, n_samples=len(rows), notes=notes)

@@ -19,12 +19,11 @@ import pandas as pd
 
 import contract
 from contract import EventKind
-from gates.keys import first_index, text_codes
+from gates.keys import first_index, isin, text_codes
 from gates.metrics_requests import REQUEST_FILTERS
 from gates.registry import REGISTRY, Cause, Observations, metric
 from gates.rundir import RunData
 from gates.terms import GateFilter
-from gates.windows import isin
 
 WAIT_STARTS = (EventKind.QUEUED, EventKind.PREEMPTED)
 WAIT_ENDS = (
@@ -41,7 +40,13 @@ def waiting_spans(events: pd.DataFrame, t_end: float) -> pd.DataFrame:
     """One row per stretch a request spent waiting: request_id, priority, t0, t1 (t_end when
     the run ended with it still waiting)."""
     wanted = events["event"].isin(WAIT_STARTS + WAIT_ENDS) & events["request_id"].notna()
-    ev = events.loc[wanted, ["request_id", "priority", "event", "t", "seq"]]
+    ids = text_codes(events["request_id"])
+    # only the requests that ever waited have a span: the others' events are left unsorted
+    waited = np.zeros(int(ids.max(initial=-1)) + 2, dtype=bool)
+    waited[ids[events["event"].isin(WAIT_STARTS).to_numpy()]] = True
+    ev = events.loc[
+        wanted.to_numpy() & waited[ids], ["request_id", "priority", "event", "t", "seq"]
+    ]
     if ev.empty:
         return pd.DataFrame(columns=["request_id", "priority", "t0", "t1"])
     # each request's events in time order (seq breaks ties), the requests side by side

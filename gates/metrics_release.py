@@ -17,7 +17,7 @@ import pandas as pd
 
 from contract import EventKind
 from contract.enums import DEATH_EVENTS
-from gates.keys import numbered, pair_codes, shared_codes
+from gates.keys import pair_codes, shared_codes
 from gates.metrics_requests import REQUEST_FILTERS, ROW_KEYS, _describe, _evidence
 from gates.registry import Cause, Observations, metric
 from gates.rundir import RunData
@@ -127,15 +127,13 @@ class Holding:
         """From the server events and their request codes (which run below `n`)."""
         replicas, names = pd.factorize(events["replica"])
         admitted = np.zeros(n, dtype=bool)
-        holder = np.full(n, -1, dtype=np.int64)
         mine = events["event"].eq(EventKind.ADMITTED).to_numpy() & (ids >= 0)
         admitted[ids[mine]] = True
-        order = np.argsort(events["t"].to_numpy(dtype=float)[mine], kind="stable")
-        by, where = ids[mine][order], replicas[mine][order]
-        by, where = by[where >= 0], where[where >= 0]
-        # the last in time order: the first of each request in the reversed order
-        last = len(by) - 1 - numbered(by[::-1])[1]
-        holder[by[last]] = where[last]
+        named = mine & (replicas >= 0)
+        at = _last_in_time(ids[named], events["t"].to_numpy(dtype=float)[named], n)
+        holder = np.full(n, -1, dtype=np.int64)
+        held = at >= 0
+        holder[held] = replicas[named][at[held]]
         release = events["event"].eq(EventKind.RELEASED).to_numpy()
         t = events["t"].to_numpy(dtype=float)[release]
         return cls(holder, admitted, names, ids[release], replicas[release], t)
@@ -163,7 +161,8 @@ class Holding:
         released = pd.DataFrame({"key": keys, "t": self.released_t})
         joined = held.merge(released, on="key", how="left")
         late = joined[joined["t"] >= joined["cancel_at"] - skew_s]
-        first = late.groupby("id")["t"].min().reindex(range(len(self.admitted))).to_numpy()
+        first = np.full(len(self.admitted), np.nan)
+        np.fmin.at(first, late["id"].to_numpy(), late["t"].to_numpy(dtype=float))
         any_release = np.zeros(len(self.admitted), dtype=bool)
         any_release[joined.loc[joined["t"].notna(), "id"].to_numpy()] = True
         return first[row_ids], any_release[row_ids]
@@ -178,6 +177,22 @@ class Holding:
         holder = np.where(known, self.holder[ids], -1)
         elsewhere = known & judged[ids] & ((by < 0) | (holder < 0) | (by != holder))
         return int(elsewhere.sum())
+
+
+def _last_in_time(ids: np.ndarray, t: np.ndarray, n: int) -> np.ndarray:
+    """Per code below `n`: the position of its last row in time order, -1 for none. A row
+    without a time counts as the latest (as a sort puts NaN last), and of rows at the same
+    time the one that comes last in the table. Without sorting: the latest time per code,
+    then the last position among the rows at it."""
+    undated = np.isnan(t)
+    latest = np.full(n, np.nan)
+    np.fmax.at(latest, ids, t)  # fmax: NaN is no time
+    has_undated = np.zeros(n, dtype=bool)
+    has_undated[ids[undated]] = True
+    at_latest = np.where(has_undated[ids], undated, t == latest[ids])
+    last = np.full(n, -1, dtype=np.int64)
+    np.maximum.at(last, ids[at_latest], np.flatnonzero(at_latest))
+    return last
 
 
 def _death_after(

@@ -18,13 +18,19 @@ import pandas as pd
 import contract
 from contract import ClientCode, EventKind, FinishReason, Outcome
 from contract.enums import ANSWERED_OR_CANCELLED, DEATH_EVENTS, FAILED_OUTCOMES, NORMAL_FINISHES
-from gates.keys import per_distinct
+from gates.keys import (
+    distinct_counts,
+    isin,
+    numbered,
+    pair_codes,
+    per_distinct,
+    shared_codes,
+)
 from gates.registry import Cause, Observations, metric
 from gates.rundir import RunData
 from gates.terms import GateFilter
 from gates.windows import (
     broken_by_network,
-    isin,
     process_faults,
     select,
 )
@@ -62,8 +68,13 @@ def _describe(flt: GateFilter) -> str:
     return " ".join(parts) or "any"
 
 
-def _evidence(rows: pd.DataFrame, value: pd.Series, time_column: str) -> pd.DataFrame:
-    detail = per_distinct(rows, ["traffic_class", "priority"], class_priority)
+def _evidence(
+    rows: pd.DataFrame, value: pd.Series, time_column: str, detail: pd.Series | None = None
+) -> pd.DataFrame:
+    """One evidence row per request: its value, who and when, and `detail` (by default its
+    class and priority)."""
+    if detail is None:
+        detail = per_distinct(rows, ["traffic_class", "priority"], class_priority)
     return pd.DataFrame(
         {
             "value": value.to_numpy(dtype=float),
@@ -120,7 +131,7 @@ def _latency(run: RunData, flt: GateFilter, column: str, what: str) -> Observati
     censored = kept[column].isna().to_numpy()
     failed = kept[censored]
     # a record that says ok names no code: name the ending it was
-    codes = failed["error_code"].mask(answered_empty_rows(failed), EMPTY).fillna("")
+    codes = failed["error_code"].astype(str).mask(answered_empty_rows(failed), EMPTY).fillna("")
     frame.loc[censored, "detail"] = [
         f"no {what}: {outcome} status={_int_text(status)} {code}".rstrip()
         for outcome, status, code in zip(
@@ -132,10 +143,15 @@ def _latency(run: RunData, flt: GateFilter, column: str, what: str) -> Observati
         notes.append(f"{int(censored.sum())} requests got no {what} and count as breaches (+inf)")
     left_out = rows[~judged]
     if not left_out.empty:
-        why = left_out["outcome"].astype(str) + " " + left_out["http_status"].astype(str)
-        counts = ", ".join(f"{n} {k}" for k, n in why.value_counts().items())
+        why = distinct_counts(left_out, ["outcome", "http_status"], lambda r: _ending(r, " "))
+        counts = ", ".join(f"{n} {k}" for k, n in why.items())
         notes.append(f"left out (client cancels and 4xx refusals): {counts}")
     return Observations(frame=frame, n_samples=len(kept), notes=notes)
+
+
+def _ending(rows: pd.DataFrame, between: str) -> pd.Series:
+    """`rejected/503.0`: each request's outcome and HTTP status, as text."""
+    return rows["outcome"].astype(str) + between + rows["http_status"].astype(str)
 
 
 def _int_text(value: float) -> str:
@@ -203,10 +219,13 @@ def cut_short(run: RunData, rows: pd.DataFrame) -> pd.Series:
     t0 = rows["t_send"].to_numpy(dtype=float)
     t_end = t0 + rows["e2e_s"].fillna(0.0).to_numpy(dtype=float)
     t1 = t_end + DEATH_SLACK_S
-    replica = rows["replica"].astype("string").fillna("").to_numpy()
+    # replicas by code: a request that names none (missing, or "") may have been on any
+    replica, names = pd.factorize(rows["replica"], use_na_sentinel=True)
+    code = {str(name): i for i, name in enumerate(names)}
+    unnamed = (replica < 0) | (replica == code.get("", -2))
     died = np.zeros(len(rows), dtype=bool)
     for name, at in zip(deaths["replica"].astype(str), deaths["t"].astype(float), strict=True):
-        died |= (t0 <= at) & (at <= t1) & ((replica == name) | (replica == ""))
+        died |= (t0 <= at) & (at <= t1) & ((replica == code.get(name, -2)) | unnamed)
     died &= ~_abandoned(events, rows, t_end)
     return stopped | (failed & pd.Series(died, index=rows.index))
 
@@ -218,9 +237,15 @@ def _abandoned(events: pd.DataFrame, rows: pd.DataFrame, t_end: np.ndarray) -> n
     released = events.loc[events["event"].eq(EventKind.RELEASED), ["request_id", "replica", "t"]]
     if released.empty:
         return np.zeros(len(rows), dtype=bool)
-    last = released.groupby(["request_id", "replica"], sort=False)["t"].max()
-    keys = pd.MultiIndex.from_arrays([rows["request_id"], rows["replica"]])
-    t_released: np.ndarray = last.reindex(keys).to_numpy(dtype=float)  # NaN: never released there
+    # each (request, replica)'s last release, over integer codes; a release or a request
+    # missing either names no pair
+    (event_ids, row_ids), _ = shared_codes(released["request_id"], rows["request_id"])
+    (event_on, row_on), replicas = shared_codes(released["replica"], rows["replica"])
+    named = (event_ids >= 0) & (event_on >= 0)
+    pairs = pair_codes(event_ids, event_on, len(replicas))[named]
+    last = pd.Series(released["t"].to_numpy(dtype=float)[named]).groupby(pairs).max()
+    asked = np.where((row_ids >= 0) & (row_on >= 0), pair_codes(row_ids, row_on, len(replicas)), -1)
+    t_released: np.ndarray = last.reindex(asked).to_numpy(dtype=float)  # NaN: never released
     abandoned: np.ndarray = t_end - t_released > DEATH_SLACK_S
     return abandoned
 
@@ -262,7 +287,8 @@ def preempted_completion(run: RunData, flt: GateFilter, params: Mapping[str, Any
             "the preempted requests have no client record (or the client cancelled them, "
             "their replica was killed, or the run ended under them)"
         )
-    why = _not_completed(run.server_events, rows)
+    read = _completion(run.server_events, rows)
+    why = per_distinct(read, list(read.columns), _why_not)
     frame = _evidence(rows, why.eq("").astype(float), "t_send")
     frame["detail"] = frame["detail"] + " " + why.where(why.ne(""), "completed").to_numpy()
     notes = []
@@ -274,9 +300,9 @@ def preempted_completion(run: RunData, flt: GateFilter, params: Mapping[str, Any
     unknown = len(preempted) - int(known.sum())
     if unknown > 0:
         notes.append(f"{unknown} preempted request ids have no client record")
-    failing = why[why.ne("")].str.replace(r" after \d+ of \d+ tokens", " short", regex=True)
+    failing = distinct_counts(read, list(read.columns), _why_not_short)
     if not failing.empty:
-        counts = ", ".join(f"{n} {k}" for k, n in failing.value_counts().items())
+        counts = ", ".join(f"{n} {k}" for k, n in failing.items())
         notes.append(f"not completed: {counts}")
     return Observations(frame=frame, n_samples=len(rows), notes=notes)
 
@@ -286,17 +312,44 @@ def preempted_completion(run: RunData, flt: GateFilter, params: Mapping[str, Any
 RUN_STATE_EVENTS = (EventKind.ADMITTED, EventKind.RESUMED, EventKind.PREEMPTED)
 
 
-def _not_completed(events: pd.DataFrame, rows: pd.DataFrame) -> pd.Series:
-    """Per preempted request: why it did not complete, the first reason that holds ("" when
-    it completed)."""
+def _last_not_preempted(moves: pd.DataFrame, rows: pd.DataFrame) -> np.ndarray:
+    """Per row of `rows`: whether its request's last run-state event (in time order, seq
+    breaking ties) is one that runs it, not `preempted`; False without any."""
+    (move_ids, row_ids), ids = shared_codes(moves["request_id"], rows["request_id"])
+    order = np.lexsort((moves["seq"].to_numpy(dtype=float), moves["t"].to_numpy(dtype=float)))
+    order = order[move_ids[order] >= 0]
+    latest = order[::-1][numbered(move_ids[order][::-1])[1]]  # each request's last move
+    running = np.zeros(len(ids) + 1, dtype=bool)  # the last entry: a request without id
+    running[move_ids[latest]] = ~moves["event"].iloc[latest].eq(EventKind.PREEMPTED).to_numpy()
+    found: np.ndarray = running[np.where(row_ids < 0, len(ids), row_ids)]
+    return found
+
+
+def _completion(events: pd.DataFrame, rows: pd.DataFrame) -> pd.DataFrame:
+    """What `_why_not` reads of each preempted request: its record's ending and whether it
+    ran again after its last preemption (`ran_again`)."""
     moving = events["event"].isin(RUN_STATE_EVENTS).to_numpy() & isin(
         events["request_id"], rows["request_id"].unique()
     )
     moves = events.loc[moving, ["request_id", "t", "seq", "event"]]
-    last = moves.sort_values(["t", "seq"], kind="stable").groupby("request_id")["event"].last()
-    ran_again = rows["request_id"].map(last.ne(EventKind.PREEMPTED)).fillna(False).astype(bool)
+    columns = ["outcome", "chunks", "max_tokens", "finish_reason", "completion_tokens"]
+    return rows[columns].assign(ran_again=_last_not_preempted(moves, rows))
+
+
+def _why_not_short(rows: pd.DataFrame) -> pd.Series:
+    """`_why_not`, the token counts left out, and missing where the request completed: how
+    the notes count the failures."""
+    why = _why_not(rows)
+    short = why.str.replace(r" after \d+ of \d+ tokens", " short", regex=True)
+    return short.where(why.ne(""))
+
+
+def _why_not(rows: pd.DataFrame) -> pd.Series:
+    """Per preempted request: why it did not complete, the first reason that holds ("" when
+    it completed)."""
+    ran_again = rows["ran_again"]
     finish = rows["finish_reason"]
-    finished = "finished " + finish.fillna("without a finish_reason").astype(str)
+    finished = "finished " + finish.astype(str).fillna("without a finish_reason")
     tokens, asked = rows["completion_tokens"], rows["max_tokens"]
     short = tokens.lt(asked) & finish.ne(FinishReason.STOP)
     counts = " after " + tokens.map("{:.0f}".format) + " of " + asked.map("{:.0f}".format)
@@ -389,12 +442,11 @@ def explicit_refusal(run: RunData, flt: GateFilter, params: Mapping[str, Any]) -
         )
     retry_status = unserved["http_status"].isin(contract.RETRY_STATUSES)
     explicit = retry_status & unserved["retry_after_s"].notna()
-    frame = _evidence(unserved, explicit.astype(float), "t_send")
-    frame["detail"] = (
-        unserved["outcome"].astype(str) + " status=" + unserved["http_status"].astype(str)
-    ).to_numpy()
-    counts = unserved["outcome"].astype(str) + "/" + unserved["http_status"].astype(str)
-    notes = ["counted: " + ", ".join(f"{n} {k}" for k, n in counts.value_counts().items())]
+    ending = ["outcome", "http_status"]
+    detail = per_distinct(unserved, ending, lambda r: _ending(r, " status="))
+    frame = _evidence(unserved, explicit.astype(float), "t_send", detail)
+    counts = distinct_counts(unserved, ending, lambda r: _ending(r, "/"))
+    notes = ["counted: " + ", ".join(f"{n} {k}" for k, n in counts.items())]
     if client_fault.any():
         notes.append(f"left out: {int(client_fault.sum())} client errors (4xx other than 429)")
     if cut.any():

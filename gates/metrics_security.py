@@ -17,10 +17,11 @@ import pandas as pd
 
 from contract import Outcome
 from gates import stats
+from gates.keys import isin
 from gates.registry import Cause, Observations, metric
 from gates.rundir import RunData
 from gates.terms import GateFilter
-from gates.windows import isin, select
+from gates.windows import select
 
 # A refusal at the door is evidence that the priority was refused, except these statuses:
 # 401 refuses the key itself (the plan's keys are not this server's), 429 sheds load after
@@ -56,10 +57,13 @@ def _granted(run: RunData, rows: pd.DataFrame) -> pd.Series:
     events = events[events["priority"].notna()]
     if events.empty or rows.empty:
         return pd.Series("", index=rows.index, dtype=object)
+    # the probes' few events, matched as text: grouping by a categorical would go through
+    # every category, one per request of the run
+    events = events.astype({"tenant": str, "request_id": str})
     seen = events.groupby(["tenant", "request_id"], sort=False)["priority"].agg(
         lambda p: ",".join(sorted(set(p)))
     )
-    keys = pd.MultiIndex.from_arrays([rows["tenant"], rows["request_id"]])
+    keys = pd.MultiIndex.from_arrays([rows["tenant"].astype(str), rows["request_id"].astype(str)])
     return pd.Series(seen.reindex(keys).to_numpy(), index=rows.index).fillna("")
 
 
@@ -87,7 +91,7 @@ def priority_escalations(run: RunData, flt: GateFilter, params: Mapping[str, Any
             "no escalation probe was sent; add the security_probe traffic class to the plan"
         )
     granted = _granted(run, rows)
-    asked = rows["asked_priority"].fillna("").astype(str)
+    asked = rows["asked_priority"].astype(str).fillna("")
     shown = granted.ne("")
     honoured = shown & pd.Series(
         [bool(a) and a in g.split(",") for a, g in zip(asked, granted, strict=True)],
@@ -141,7 +145,7 @@ def prefix_groups(run: RunData, flt: GateFilter | None = None) -> PrefixGroups |
     server names replicas (a prefix cache is per replica). A string says why there are none.
     """
     rows = _probes(run, ROLES)
-    rows = rows[rows["probe_group"].notna()]
+    rows = rows[rows["probe_group"].notna()].astype({"request_id": str})  # a few: as text
     if flt is not None and flt.window != "all":
         chosen = select(rows, run, flt, "t_send", class_column=None)
         if isinstance(chosen, str):

@@ -17,7 +17,8 @@ from scipy.stats import beta
 from contract import EventKind, Outcome, servers
 from contract.enums import LIFECYCLE_EVENTS
 from gates import stats
-from gates.keys import pair_codes, text_codes
+from gates.categories import per_category
+from gates.keys import isin, numbered, pair_codes, shared_codes, text_codes
 from gates.metrics_requests import DEATH_SLACK_S, EVENT_KEYS, RECORD_COLUMNS
 from gates.registry import Cause, Observations, metric
 from gates.rundir import RunData
@@ -25,7 +26,6 @@ from gates.terms import GateFilter
 from gates.windows import (
     counter_increase,
     in_intervals,
-    isin,
     label_value,
     phases,
     process_faults,
@@ -96,10 +96,8 @@ def oom_events(run: RunData, flt: GateFilter, params: Mapping[str, Any]) -> Obse
         return Observations.none(
             "no server events, kvgate_oom_total samples or requests in the window"
         )
-    said_oom = answers[
-        answers["error_message"].astype("string").str.contains(OOM_REASON, regex=True, na=False)
-    ]
-    oom_reason = events["reason"].astype("string").str.contains(OOM_REASON, regex=True, na=False)
+    said_oom = answers[per_category(answers["error_message"], _names_oom)]
+    oom_reason = per_category(events["reason"], _names_oom)
     died = events["event"].eq(EventKind.REPLICA_DIED) & oom_reason
     hits = events[events["event"].eq(EventKind.OOM) | died]
     parts = [
@@ -107,7 +105,7 @@ def oom_events(run: RunData, flt: GateFilter, params: Mapping[str, Any]) -> Obse
             1.0,
             hits["t"],
             hits["replica"],
-            hits["event"] + ": " + hits["reason"].fillna("").astype(str),
+            hits["event"].astype(str) + ": " + hits["reason"].astype(str).fillna(""),
         )
     ]
     increases = counter_increase(samples)
@@ -145,6 +143,12 @@ def oom_events(run: RunData, flt: GateFilter, params: Mapping[str, Any]) -> Obse
     return Observations(
         frame=frame, n_samples=len(events) + len(samples) + len(answers), notes=notes
     )
+
+
+def _names_oom(text: pd.Series) -> pd.Series:
+    """Whether each text names an out-of-memory (OOM_REASON); False where missing."""
+    named: pd.Series = text.astype("string").str.contains(OOM_REASON, regex=True, na=False)
+    return named
 
 
 def _unexplained_deaths(run: RunData, flt: GateFilter) -> pd.DataFrame:
@@ -218,9 +222,8 @@ def _share_from_events(events: pd.DataFrame) -> pd.DataFrame:
     if ev.empty:
         return pd.DataFrame()
     held = ev["blocks"].where(~ev["event"].eq(EventKind.RELEASED), 0.0).fillna(0.0)
-    previous = held.groupby([ev["replica"], epoch, ev["request_id"]], sort=False).shift(
-        fill_value=0.0
-    )
+    request = text_codes(ev["request_id"])  # grouped as integers, not as a categorical
+    previous = held.groupby([ev["replica"], epoch, request], sort=False).shift(fill_value=0.0)
     delta = held - previous
     tenant_blocks = delta.groupby([ev["replica"], epoch, ev["tenant"]], sort=False).cumsum()
     share = tenant_blocks / ev["pool_total_blocks"]
@@ -335,6 +338,10 @@ def _double_holds(all_events: pd.DataFrame, kills: pd.DataFrame, t_end: float) -
     holding &= all_events["request_id"].notna()
     held = all_events.loc[holding, ["request_id", "replica", "t"]]
     held = held[_on_two_replicas(held)]
+    twice = held["request_id"].unique()
+    # the few requests held on two replicas, as text from here: their replicas are matched
+    # with the faults' targets, and their ids sorted as text
+    held = held.astype({"request_id": str, "replica": str})
     starts = (
         held.groupby(["request_id", "replica"], sort=False)["t"].min().rename("start").reset_index()
     )
@@ -342,15 +349,18 @@ def _double_holds(all_events: pd.DataFrame, kills: pd.DataFrame, t_end: float) -
     starts = starts[per_request > 1]
     if starts.empty:
         return _rows([], [], [], [], request_id=[])
-    ids = starts["request_id"].unique()
     released = all_events[
-        all_events["event"].eq(EventKind.RELEASED) & isin(all_events["request_id"], ids)
+        all_events["event"].eq(EventKind.RELEASED) & isin(all_events["request_id"], twice)
     ]
-    ends = released.groupby(["request_id", "replica"])["t"].max().rename("released")
+    released = released.astype({"request_id": str, "replica": str})
+    ends = released.groupby(["request_id", "replica"])["t"].max()
+    ends = ends.rename("released")
     starts = starts.join(ends, on=["request_id", "replica"])
     deaths = pd.concat(
         [
-            all_events.loc[all_events["event"].eq(EventKind.REPLICA_DIED), ["replica", "t"]],
+            all_events.loc[all_events["event"].eq(EventKind.REPLICA_DIED), ["replica", "t"]].astype(
+                {"replica": str}
+            ),
             kills.rename(columns={"target": "replica", "t_start": "t"})[["replica", "t"]],
         ]
     ).sort_values("t")
@@ -386,7 +396,8 @@ def _on_two_replicas(held: pd.DataFrame) -> np.ndarray:
     ids, replicas = text_codes(held["request_id"]), text_codes(held["replica"])
     named = replicas >= 0
     n = int(replicas.max(initial=-1)) + 1
-    pairs = pd.unique(pair_codes(ids[named], replicas[named], n))
+    pairs = pair_codes(ids[named], replicas[named], n)
+    pairs = pairs[numbered(pairs)[1]]  # each distinct (request, replica) once
     replicas_of = np.bincount(pairs // (n + 1), minlength=int(ids.max(initial=-1)) + 2)
     several: np.ndarray = replicas_of[ids + 1] > 1  # pair codes count a missing id as 0
     return several
@@ -473,8 +484,13 @@ def batch_peak_trough(run: RunData, flt: GateFilter, params: Mapping[str, Any]) 
     batch = requests[requests["priority"].eq("batch")]
     if batch_events.empty and batch.empty:
         return Observations.none("no batch traffic was sent, so the offline queue cannot be judged")
-    first_admitted = batch_events.groupby("request_id", sort=False)["t"].min()
-    t_admit = batch["request_id"].map(first_admitted).to_numpy(dtype=float)
+    # the requests as integer codes, over one dictionary with the events'
+    batch_seen = events[events["priority"].eq("batch")] if running else events.iloc[:0]
+    (admit_ids, seen_ids, batch_ids), ids = shared_codes(
+        batch_events["request_id"], batch_seen["request_id"], batch["request_id"]
+    )
+    first_admitted = _earliest(admit_ids, batch_events["t"], len(ids))
+    t_admit = first_admitted[batch_ids]
     t_send = batch["t_send"].to_numpy(dtype=float)
 
     settle = float(params["settle_s"])
@@ -499,24 +515,23 @@ def batch_peak_trough(run: RunData, flt: GateFilter, params: Mapping[str, Any]) 
     # saw arrive in the peak and that has no record yet by the server's events: sent then,
     # admitted before the peak's end or not. Once the events reach past the peak's end, that
     # is what its records will say.
-    arrived = pd.Series(dtype=float)  # the end of the run: every request has its record
-    if running:
-        batch_seen = events[events["priority"].eq("batch")]
-        arrived = batch_seen.groupby("request_id", sort=False)["t"].min()
-        arrived = arrived[~arrived.index.isin(batch["request_id"])]
+    # per request code: when the server first saw it, NaN once it has its record (at the
+    # end of the run every request has one)
+    arrived = _earliest(seen_ids, batch_seen["t"], len(ids))
+    arrived[batch_ids] = np.nan
     events_until = float(events["t"].max()) if running and not events.empty else math.inf
     for span in peaks:
         t0, t1 = float(span["t0"]), float(span["t1"])
-        waiting = arrived[(arrived >= t0 + settle) & (arrived < t1)]
-        if len(waiting) and events_until < t1 + EVENTS_CATCH_UP_S:
+        in_flight = np.flatnonzero((arrived >= t0 + settle) & (arrived < t1))
+        if len(in_flight) and events_until < t1 + EVENTS_CATCH_UP_S:
             unsure.append(
-                f"peak at +{t0 - run.t_start:.0f}s: {len(waiting)} batch requests sent in it "
+                f"peak at +{t0 - run.t_start:.0f}s: {len(in_flight)} batch requests sent in it "
                 "are still in flight, and the server's events do not reach its end yet"
             )
             continue
         sent, admitted = offered(span)
-        sent += len(waiting)
-        admitted += int((first_admitted.reindex(waiting.index) < t1).sum())
+        sent += len(in_flight)
+        admitted += int((first_admitted[in_flight] < t1).sum())
         if sent == 0:
             unsure.append(
                 f"peak at +{float(span['t0']) - run.t_start:.0f}s was offered no batch work, so "
@@ -567,11 +582,22 @@ def _stopped_waiting(batch: pd.DataFrame, events: pd.DataFrame, t_end: float) ->
     nothing of it waits afterwards, retried or not). Any other request without an ending
     may still have been waiting when the run ended."""
     answered = batch["t_send"] + batch["e2e_s"]
-    rejected = events[events["event"].eq(EventKind.REJECTED)].groupby("request_id")["t"].max()
-    refused_at = batch["request_id"].map(rejected).fillna(batch["t_send"])
+    rejections = events[events["event"].eq(EventKind.REJECTED)]
+    (rejected_ids, batch_ids), ids = shared_codes(rejections["request_id"], batch["request_id"])
+    last = -_earliest(rejected_ids, -rejections["t"], len(ids))  # the latest, as a minimum
+    refused_at = pd.Series(last[batch_ids], index=batch.index).fillna(batch["t_send"])
     refused = batch["outcome"].eq(Outcome.REJECTED)
     ended: np.ndarray = answered.fillna(refused_at.where(refused)).fillna(t_end).to_numpy(float)
     return ended
+
+
+def _earliest(ids: np.ndarray, t: pd.Series, n: int) -> np.ndarray:
+    """Per code below `n` (and one more, last, for a missing id: NaN), the earliest of the
+    times `t` of the rows with that code; NaN for a code without a time."""
+    known = ids >= 0
+    earliest = np.full(n + 1, np.nan)
+    np.fmin.at(earliest, ids[known], t.to_numpy(dtype=float)[known])  # fmin: NaN is no time
+    return earliest
 
 
 def _peak_reading(admitted: int, sent: int, trough_share: float, limit: float) -> tuple[str, float]:

@@ -7,6 +7,12 @@ refused with a RunDirError naming the file, table, column and first offending ro
 coerced, because a run judged on the rows that survived a coercion could pass on a lie.
 Null is allowed everywhere and means missing. A crash can cut the last line of a JSON-lines
 file short; that line is dropped and counted, any other unreadable line is an error.
+
+Numbers are float64 (NaN missing). Text with few values (schema.CATEGORY_COLUMNS) is a
+categorical with sorted categories, other text pandas' text dtype; `load_run` then codes
+the request ids of requests and server_events over one dictionary (gates/keys.py) and gives
+the categorical columns the two tables share one dtype. A table of millions of rows is
+compared, selected and joined as integers that way, and holds each text once.
 """
 
 from __future__ import annotations
@@ -27,11 +33,14 @@ import pyarrow.parquet as pq
 from contract import FaultEffect
 from contract.servers import ServerProfile
 from gates import run_profile, schema
+from gates.keys import one_dictionary
 from gates.legacy import fill_fault_effects
+from gates.memory import keep_freed_memory
 from gates.meta import meta_problems
 
 COLUMNS = schema.TABLE_COLUMNS
 NUMERIC = schema.INT_COLUMNS | schema.FLOAT_COLUMNS
+CATEGORIES = schema.CATEGORY_COLUMNS
 # Missing text is NaN, like missing numbers: nullable Int64 and pd.NA strings would make
 # boolean masks ambiguous further on.
 TEXT = pd.StringDtype(na_value=np.nan)
@@ -138,11 +147,13 @@ def load_run(run_dir: Path | str, current_profiles: bool = False) -> RunData:
             f"{path} is a file, not a run directory; pass the directory `kvgate run` made"
         )
     meta = read_meta(path)
+    keep_freed_memory()  # a run's tables are large, and judging them makes and drops more
     try:
         judged_by = run_profile.resolve(meta, current=current_profiles)
     except run_profile.ProfileSnapshotError as exc:
         raise RunDirError(f"{path / schema.META_FILE}: {exc}") from exc
     tables = {name: read_table(path, name) for name in schema.TABLES}
+    share_dictionaries(tables[schema.REQUESTS].frame, tables[schema.SERVER_EVENTS].frame)
     return RunData(
         path=path,
         meta=meta,
@@ -159,6 +170,45 @@ def load_run(run_dir: Path | str, current_profiles: bool = False) -> RunData:
         parts={name: table.parts for name, table in tables.items() if table.parts},
         set_aside={name: table.set_aside for name, table in tables.items() if table.set_aside},
     )
+
+
+def share_dictionaries(requests: pd.DataFrame, events: pd.DataFrame) -> None:
+    """Code both tables' request ids once, over one dictionary (gates/keys.py): the metrics
+    join requests with their events on these integers, and each row holds a code instead
+    of its own copy of the id. The columns both tables hold as categoricals (replica,
+    tenant, priority) get one dtype too, so they compare and join by code as well."""
+    requests["request_id"], events["request_id"] = one_dictionary(
+        requests["request_id"], events["request_id"]
+    )
+    for column in sorted(CATEGORIES[schema.REQUESTS] & CATEGORIES[schema.SERVER_EVENTS]):
+        requests[column], events[column] = _one_dtype(requests[column], events[column])
+
+
+def _one_dtype(*columns: pd.Series) -> list[pd.Series]:
+    """Categoricals of text (categorical_text) over the union of their categories, sorted,
+    all of them of the very same dtype."""
+    union = columns[0].cat.categories
+    for column in columns[1:]:
+        union = union.union(column.cat.categories)
+    dtype = pd.CategoricalDtype(union.sort_values())
+    return [
+        pd.Series(
+            pd.Categorical.from_codes(
+                _recoded(column.cat.codes.to_numpy(), column.cat.categories, dtype.categories),
+                dtype=dtype,
+            ),
+            index=column.index,
+            name=column.name,
+        )
+        for column in columns
+    ]
+
+
+def _recoded(codes: np.ndarray, old: pd.Index, new: pd.Index) -> np.ndarray:
+    """Codes over categories `old` as codes over `new`, which hold every one of them."""
+    mapping = np.append(new.get_indexer(old), -1)  # the last: missing stays missing
+    recoded: np.ndarray = mapping[np.where(codes < 0, len(old), codes)]
+    return recoded
 
 
 def _fault_effects(faults: pd.DataFrame, run_dir: Path) -> pd.DataFrame:
@@ -235,6 +285,8 @@ def _read_files(run_dir: Path, name: str) -> Table:
     if jsonl.is_file():
         pieces.append(read_jsonl_table(jsonl, name))
     frame = pd.concat([t.frame for t in pieces], ignore_index=True)
+    for column in CATEGORIES[name]:  # parts with other categories concatenate as text
+        frame[column] = categorical_text(frame[column])
     return Table(frame, "parts", sum(t.dropped for t in pieces), tuple(n for n, _ in numbered))
 
 
@@ -312,11 +364,13 @@ def rows_frame(rows: list[dict[str, Any]], name: str, where: Callable[[int], str
         else:
             text = [v if v is None or isinstance(v, str) else json.dumps(v) for v in values]
             columns[column] = pd.Series(text, dtype=TEXT)
+            if column in CATEGORIES[name]:
+                columns[column] = categorical_text(columns[column])
     extra = {key: None for row in rows for key in row if key not in columns}
     for column in extra:
         columns[column] = pd.Series([row.get(column) for row in rows]).infer_objects()
     frame = pd.DataFrame(columns, index=pd.RangeIndex(len(rows)))
-    _check_whole(frame, name, where)
+    _check_whole(frame, name, where, frozenset())
     return frame
 
 
@@ -332,10 +386,13 @@ def _first_bad(values: list[Any], column: str) -> int | None:
     return next(i for i, v in enumerate(values) if type(v) not in allowed)
 
 
-def _check_whole(frame: pd.DataFrame, name: str, where: Callable[[int], str]) -> None:
-    """Integer columns hold whole numbers (or nothing): 3.5 chunks or an infinite pid is a bug."""
+def _check_whole(
+    frame: pd.DataFrame, name: str, where: Callable[[int], str], stored_whole: frozenset[str]
+) -> None:
+    """Integer columns hold whole numbers (or nothing): 3.5 chunks or an infinite pid is a bug.
+    Columns in `stored_whole` were stored as integers, which nothing else can be."""
     for column in COLUMNS[name]:
-        if column not in schema.INT_COLUMNS:
+        if column not in schema.INT_COLUMNS or column in stored_whole:
             continue
         values = frame[column].to_numpy(dtype=np.float64, na_value=np.nan)
         bad = ~np.isnan(values) & ~(np.isfinite(values) & (np.floor(values) == values))
@@ -349,7 +406,9 @@ def _check_whole(frame: pd.DataFrame, name: str, where: Callable[[int], str]) ->
 
 def _read_parquet(path: Path, name: str) -> pd.DataFrame:
     try:
-        arrow = pq.read_table(path)
+        # Parquet keeps text as a dictionary and its codes: read that way, the categorical
+        # columns never hold one string per row.
+        arrow = pq.read_table(path, read_dictionary=sorted(CATEGORIES[name]))
     except Exception as exc:  # pyarrow raises several types for a damaged file
         raise RunDirError(f"{path} cannot be read ({exc}); {_unreadable_fix(path, name)}") from exc
     expected = COLUMNS[name]
@@ -357,6 +416,8 @@ def _read_parquet(path: Path, name: str) -> pd.DataFrame:
         if column not in expected:
             continue
         kind = arrow.schema.field(column).type
+        if pa.types.is_dictionary(kind):
+            kind = kind.value_type
         if column in NUMERIC:
             fits = pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_null(kind)
         else:
@@ -373,8 +434,23 @@ def _read_parquet(path: Path, name: str) -> pd.DataFrame:
             arrow = arrow.set_column(
                 arrow.column_names.index(column), column, arrow.column(column).cast(pa.string())
             )
-    frame = arrow.to_pandas()
-    return _conform(frame, name, lambda i: f"{path} row {i + 1}")
+    # Column by column, each freed once converted: a table of tens of millions of rows is
+    # never held twice over (in Arrow's memory and in pandas'). A float column without
+    # nulls comes over as Arrow's own memory, which is read-only: it gets a copy, for a
+    # reader may change a table it was given in place.
+    borrowed = [
+        c
+        for c in arrow.column_names
+        if pa.types.is_float64(arrow.schema.field(c).type) and arrow.column(c).null_count == 0
+    ]
+    integers = frozenset(
+        c for c in arrow.column_names if pa.types.is_integer(arrow.schema.field(c).type)
+    )
+    frame = arrow.to_pandas(split_blocks=True, self_destruct=True)
+    del arrow
+    for column in borrowed:
+        frame[column] = frame[column].to_numpy(copy=True)
+    return _conform(frame, name, lambda i: f"{path} row {i + 1}", integers)
 
 
 def _unreadable_fix(path: Path, name: str) -> str:
@@ -393,18 +469,43 @@ def _unreadable_fix(path: Path, name: str) -> str:
     )
 
 
-def _conform(frame: pd.DataFrame, name: str, where: Callable[[int], str]) -> pd.DataFrame:
-    """Add absent schema columns (all missing) and give every column one dtype per kind."""
+def _conform(
+    frame: pd.DataFrame,
+    name: str,
+    where: Callable[[int], str],
+    stored_whole: frozenset[str] = frozenset(),
+) -> pd.DataFrame:
+    """Add absent schema columns (all missing) and give every column one dtype per kind;
+    `stored_whole`: the columns the file stores as integers (_check_whole)."""
     frame = frame.reset_index(drop=True)
     for column in COLUMNS[name]:
         if column not in frame.columns:
             frame[column] = pd.Series(np.nan if column in NUMERIC else None, index=frame.index)
         if column in NUMERIC:
             frame[column] = frame[column].astype(np.float64)
+        elif column in CATEGORIES[name]:
+            frame[column] = categorical_text(frame[column])
         elif frame[column].dtype != TEXT:
             frame[column] = frame[column].astype(TEXT)
-    _check_whole(frame, name, where)
+    _check_whole(frame, name, where, stored_whole)
     return frame
+
+
+def categorical_text(values: pd.Series) -> pd.Series:
+    """`values` (text, or a categorical of text) as a categorical whose categories are text
+    in sorted order: sorting or grouping by it orders the values as their text would, and
+    two columns read alike have equal dtypes. Missing stays missing (code -1)."""
+    if isinstance(values.dtype, pd.CategoricalDtype):
+        categories = values.cat.categories
+        if categories.dtype != TEXT:
+            values = values.cat.rename_categories(categories.astype(TEXT))
+    else:
+        values = values.astype(TEXT).astype("category")
+    categories = values.cat.categories
+    ordered = categories.sort_values()
+    if not categories.equals(ordered):
+        values = values.cat.reorder_categories(ordered)
+    return values
 
 
 def _refusal(where: str, table: str, column: str, value: Any) -> str:

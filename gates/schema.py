@@ -73,6 +73,35 @@ TABLE_COLUMNS: dict[str, tuple[str, ...]] = {
     FAULTS: FAULT_COLUMNS,
 }
 
+# Text columns that name one of a few values (a class, a tenant, an outcome, a metric), read
+# as pandas categoricals: each row holds a small integer code, so comparing, selecting and
+# grouping millions of rows is integer work instead of string work, and the text of each
+# value is stored once. Their categories are kept in sorted order, so sorting and grouping
+# by one orders its values as the text would. Request ids, prompt blocks and the faults'
+# few rows stay plain text.
+CATEGORY_COLUMNS: dict[str, frozenset[str]] = {
+    REQUESTS: frozenset(
+        {
+            "traffic_class",
+            "tenant",
+            "priority",
+            "api_key_name",
+            "replica",
+            "worker",
+            "outcome",
+            "error_code",
+            "error_message",
+            "finish_reason",
+            "asked_priority",
+            "probe",
+            "probe_group",
+        }
+    ),
+    SERVER_EVENTS: frozenset({"replica", "tenant", "priority", "event", "reason"}),
+    SAMPLES: frozenset({"source", "target", "metric", "labels"}),
+    FAULTS: frozenset(),
+}
+
 
 def _typed(kind: type) -> frozenset[str]:
     """The columns of the contract's records whose annotation stores `kind`."""

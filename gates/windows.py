@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-import pyarrow as pa
-import pyarrow.compute as pc
 
 from contract import FaultEffect, Outcome
 from contract.enums import BROKEN_OUTCOMES
+from gates.categories import per_category
+from gates.keys import numbered, pair_codes, text_codes
 from gates.rundir import RunData
 from gates.terms import GateFilter
 
@@ -111,6 +111,21 @@ def select(
     class_column: str | None = "traffic_class",
 ) -> pd.DataFrame | str:
     """Rows of `frame` matching the filter (class, priority, tenant, window)."""
+    mask = select_mask(frame, run, flt, time_column, class_column=class_column)
+    if isinstance(mask, str):
+        return mask
+    return frame[mask] if not mask.all() else frame
+
+
+def select_mask(
+    frame: pd.DataFrame,
+    run: RunData,
+    flt: GateFilter,
+    time_column: str,
+    *,
+    class_column: str | None = "traffic_class",
+) -> np.ndarray | str:
+    """`select`'s rows as a mask over `frame`, or why the run has none."""
     mask = np.ones(len(frame), dtype=bool)
     if flt.traffic_class and class_column:
         mask &= frame[class_column].isin(flt.traffic_class).to_numpy()
@@ -123,13 +138,17 @@ def select(
         if isinstance(intervals, str):
             return intervals
         mask &= in_intervals(frame[time_column], intervals)
-    return frame[mask] if not mask.all() else frame
+    return mask
 
 
 def label_value(labels: pd.Series, key: str) -> pd.Series:
     """The value of `key` in canonical "k=v,k=v" label strings ("" when absent)."""
-    extracted = labels.astype("string").str.extract(rf"(?:^|,){key}=([^,]*)", expand=False)
-    return extracted.fillna("").astype(object)
+
+    def extract(text: pd.Series) -> pd.Series:
+        found = text.astype("string").str.extract(rf"(?:^|,){key}=([^,]*)", expand=False)
+        return found.fillna("").astype(object)
+
+    return per_category(labels, extract)
 
 
 def counter_increase(samples: pd.DataFrame) -> pd.DataFrame:
@@ -143,24 +162,26 @@ def counter_increase(samples: pd.DataFrame) -> pd.DataFrame:
     if samples.empty:
         return pd.DataFrame(columns=["target", "labels", "increase", "t_first"])
     ordered = samples.sort_values(["target", "labels", "t"], kind="stable")
-    keys = ordered["target"].astype(str) + "|" + ordered["labels"].astype(str)
-    diff = ordered["value"].diff()
-    first = keys.ne(keys.shift())
-    step = np.where(diff.to_numpy() < 0, ordered["value"].to_numpy(), diff.to_numpy())
-    step = np.where(first.to_numpy(), 0.0, step)
-    ordered = ordered.assign(step=step)
-    rose = ordered[ordered["step"] > 0]
-    total = ordered.groupby(["target", "labels"], sort=False)["step"].sum().rename("increase")
-    t_first = rose.groupby(["target", "labels"], sort=False)["t"].min().rename("t_first")
-    return pd.concat([total, t_first], axis=1).reset_index()
-
-
-def isin(series: pd.Series, values: object) -> np.ndarray:
-    """Membership of string ids in a large set, via Arrow (pandas loops in Python for this)."""
-    try:
-        left = pa.array(series, from_pandas=True).cast(pa.large_string())
-        right = pa.array(np.asarray(values, dtype=object), from_pandas=True).cast(pa.large_string())
-    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
-        return np.asarray(series.isin(list(np.asarray(values, dtype=object))), dtype=bool)
-    found = pc.is_in(left, value_set=right, skip_nulls=True)
-    return np.asarray(found.to_numpy(zero_copy_only=False), dtype=bool)
+    # A series is a (target, labels) pair, numbered over integer codes; a row missing either
+    # belongs to no series (it starts afresh and is counted in none).
+    target, labels = text_codes(ordered["target"]), text_codes(ordered["labels"])
+    named = (target >= 0) & (labels >= 0)
+    key = pair_codes(target, labels, int(labels.max(initial=-1)) + 1)
+    value = ordered["value"].to_numpy(dtype=float)
+    diff = np.diff(value, prepend=np.nan)
+    first = ~named | np.concatenate([[True], (key[1:] != key[:-1]) | ~named[:-1]])
+    step = np.where(first, 0.0, np.where(diff < 0, value, diff))
+    series, at = numbered(key[named])
+    total = pd.Series(step[named]).groupby(series, sort=False).sum()
+    rose = step[named] > 0
+    t = ordered["t"].to_numpy(dtype=float)[named]
+    t_first = pd.Series(t[rose]).groupby(series[rose], sort=False).min()
+    rows = np.flatnonzero(named)[at]
+    return pd.DataFrame(
+        {
+            "target": ordered["target"].iloc[rows].astype(str).to_numpy(),
+            "labels": ordered["labels"].iloc[rows].astype(str).to_numpy(),
+            "increase": total.to_numpy(),
+            "t_first": t_first.reindex(range(len(at))).to_numpy(),
+        }
+    )

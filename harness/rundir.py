@@ -25,7 +25,7 @@ import pandas as pd
 
 from contract.runmeta import RunMeta
 from gates import schema
-from gates.rundir import RunDirError, part_files, read_jsonl_table, read_table, rows_frame
+from gates.rundir import TEXT, RunDirError, part_files, read_jsonl_table, read_table, rows_frame
 
 COLUMNS = schema.TABLE_COLUMNS
 PART_ROWS = 200_000  # rows of a JSON-lines file before it is set aside as a Parquet part
@@ -155,11 +155,14 @@ def compact(run_dir: Path) -> dict[str, int]:
 
 
 def _storage(frame: pd.DataFrame, table: str) -> pd.DataFrame:
-    """Integer columns as nullable integers, so Parquet types never depend on the data."""
+    """Integer columns as nullable integers and text as text (the reader's categoricals
+    too), so Parquet types never depend on the data or on how it was read."""
     out = frame.copy()
     for column in COLUMNS[table]:
         if column in schema.INT_COLUMNS:
             out[column] = out[column].astype("Int64")
+        elif column in schema.CATEGORY_COLUMNS[table]:
+            out[column] = out[column].astype(TEXT)
     return out
 
 

@@ -16,13 +16,13 @@ from pandas.api.typing import SeriesGroupBy
 from contract import EventKind, Outcome, servers
 from contract.seed import SEED
 from gates.applicability import available
-from gates.keys import numbered, per_distinct, shared_codes
+from gates.keys import distinct_categories, isin, numbered, shared_codes
 from gates.metrics import REGISTRY
 from gates.metrics_requests import class_priority
 from gates.rundir import RunData
 from gates.stats import percentile
 from gates.terms import GateFilter
-from gates.windows import counter_increase, isin, label_value
+from gates.windows import counter_increase, label_value
 
 BUCKETS = 240
 DEFAULT_WATERMARKS = SEED.watermarks()
@@ -124,10 +124,11 @@ def ttft_quantiles(run: RunData) -> pd.DataFrame:
     rows = run.requests.loc[run.requests["ttft_s"].notna(), [*columns, "ttft_s"]]
     if rows.empty:
         return pd.DataFrame(columns=["group", "p50", "p95", "p99", "n"])
-    group = per_distinct(rows, columns, class_priority)
-    grouped = rows["ttft_s"].groupby(group)
+    group = distinct_categories(rows, columns, class_priority)
+    grouped = rows["ttft_s"].groupby(group, observed=True)
     out = pd.DataFrame({f"p{q}": _percentile(grouped, q) for q in (50, 95, 99)})
     out["n"] = grouped.size()
+    out.index = out.index.astype(str)
     return out.reset_index(names="group")
 
 
@@ -186,14 +187,16 @@ def reservation_error(run: RunData) -> pd.DataFrame:
     # each request's first admission, in the table's order
     at = np.flatnonzero(admitted)
     first = at[numbered(ids[at])[1]]
-    peak = pd.Series(used[mine]).groupby(ids[mine]).max()
+    peak = np.full(len(texts), np.nan)
+    np.fmax.at(peak, ids[mine], used[mine])
     # Request length from the client's record (the server's usage, else the workload's aim);
     # at admission the server may not hold the prompt in KV yet.
     req = run.requests
     length = req["prompt_tokens"].fillna(req["target_prompt_tokens"]).to_numpy(dtype=float)
-    record = np.full(len(texts), -1)
     known = np.flatnonzero(sent >= 0)
-    record[sent[known][::-1]] = known[::-1]  # the first record of each id wins
+    record = np.full(len(texts), len(sent))
+    np.minimum.at(record, sent[known], known)  # the first record of each id wins
+    record[record == len(sent)] = -1
     codes = ids[first]
     prompt = np.append(length, np.nan)[record[codes]]  # -1: no record, no length
     out = pd.DataFrame(
@@ -201,7 +204,7 @@ def reservation_error(run: RunData) -> pd.DataFrame:
             "request_id": ev["request_id"].array.take(first),
             "prompt": pd.Series(prompt).fillna(pd.Series(used[first])).to_numpy(),
             "reserved": ev["reserved_tokens"].to_numpy(dtype=float)[first],
-            "used": peak.reindex(codes).to_numpy(),
+            "used": peak[codes],
         }
     )
     out["error"] = out["used"] / out["reserved"] - 1.0
@@ -236,7 +239,7 @@ def evictions(run: RunData) -> pd.Series:
         counts = inc.groupby(reason)["increase"].sum()
         return counts[counts > 0]
     pre = run.server_events[run.server_events["event"].eq(EventKind.PREEMPTED)]
-    return pre["reason"].fillna("unknown").astype(str).value_counts()
+    return pre["reason"].astype(str).fillna("unknown").value_counts()
 
 
 def quota_rejections(run: RunData) -> pd.DataFrame:
@@ -245,7 +248,7 @@ def quota_rejections(run: RunData) -> pd.DataFrame:
     rejected = run.requests.loc[refused, ["tenant", "error_code"]]
     if rejected.empty:
         return pd.DataFrame()
-    codes = rejected["error_code"].fillna("unknown").astype(str)
+    codes = rejected["error_code"].astype(str).fillna("unknown")
     return pd.crosstab(rejected["tenant"].astype(str), codes)
 
 
@@ -258,7 +261,7 @@ def rejection_rates(run: RunData) -> pd.DataFrame:
     totals = req.groupby("priority").size()
     by_reason = (
         req[rejected]
-        .groupby(["priority", req.loc[rejected, "error_code"].fillna("unknown")])
+        .groupby(["priority", req.loc[rejected, "error_code"].astype(str).fillna("unknown")])
         .size()
     )
     rows = [

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from gates import schema
+from gates import categories, schema
 from gates.evaluator import evaluate, evaluate_run
 from gates.evidence.kept import EFFECT_WORD, checks_seen
 from gates.metrics import REGISTRY
@@ -153,7 +153,7 @@ def _run_facts(run: RunData) -> dict[str, Any]:
             time.time() - run.t_start if run.meta.get("status") == "running" else None
         ),
         "sources": run.sources,
-        "outcomes": {str(k): int(v) for k, v in run.requests["outcome"].value_counts().items()},
+        "outcomes": {str(k): int(v) for k, v in categories.counts(run.requests["outcome"]).items()},
     }
 
 

@@ -22,6 +22,7 @@ from scipy.stats import mannwhitneyu
 
 from contract import EventKind
 from contract.enums import DEATH_EVENTS
+from gates.categories import per_category
 from gates.metrics_requests import latencies
 from gates.rundir import RunData
 from gates.stats import percentile
@@ -233,7 +234,9 @@ def usage_at_first_oom(run: RunData) -> float | None:
         ev["event"].eq(EventKind.OOM)
         | (
             ev["event"].eq(EventKind.REPLICA_DIED)
-            & ev["reason"].astype(str).str.contains("(?i)oom|out of memory")
+            & per_category(
+                ev["reason"], lambda r: r.astype(str).str.contains("(?i)oom|out of memory")
+            )
         )
     ]
     if ooms.empty:

@@ -14,6 +14,7 @@ import pandas as pd
 import contract
 from contract import Outcome
 from contract.enums import ANSWERED_OR_CANCELLED
+from gates import categories
 from gates.applicability import target_profile
 from gates.metrics_client import LABELLED, failure_label
 from gates.rundir import RunData
@@ -38,10 +39,10 @@ def _top(bad: pd.DataFrame) -> list[tuple[str, int]]:
     labels = failure_label(bad)
     found = []
     for label, n in labels.value_counts().head(TOP_MESSAGES).items():
-        example = bad.loc[labels.eq(label), "error_message"].dropna().astype(str)
+        example = bad.loc[labels.eq(label).to_numpy(), "error_message"].dropna().head(1)
         text = str(label)
-        if not example.empty and example.iloc[0][:80] not in text:
-            text += f" (e.g. “{example.iloc[0][:100]}”)"
+        if not example.empty and str(example.iloc[0])[:80] not in text:
+            text += f" (e.g. “{str(example.iloc[0])[:100]}”)"
         found.append((text, int(n)))
     return found
 
@@ -53,13 +54,17 @@ def outcome_table(run: RunData) -> tuple[list[str], list[OutcomeRow]]:
         return [], []
     seen = {str(o) for o in requests["outcome"].dropna().unique()}
     columns: list[str] = [o for o in contract.OUTCOMES if o in seen]
+    outcome, klass = requests["outcome"], requests["traffic_class"]
+    # only the outcome column is read of every request; the rest only of those that failed
+    failing = requests[~outcome.isin(ANSWERED_OR_CANCELLED)]
     rows = []
-    groups = [*requests.groupby("traffic_class", sort=True), ("all", requests)]
-    for klass, group in groups:
-        counts = {str(k): int(v) for k, v in group["outcome"].value_counts().items()}
-        bad = group[~group["outcome"].isin(ANSWERED_OR_CANCELLED)]
-        top = _top(bad)
-        rows.append(OutcomeRow(str(klass), len(group), counts, top))
+    for name in sorted({str(k) for k in klass.dropna().unique()}):
+        mine = klass.eq(name).to_numpy()
+        counts = {str(k): int(v) for k, v in categories.counts(outcome[mine]).items()}
+        top = _top(failing[failing["traffic_class"].eq(name)])
+        rows.append(OutcomeRow(name, int(mine.sum()), counts, top))
+    counts = {str(k): int(v) for k, v in categories.counts(outcome).items()}
+    rows.append(OutcomeRow("all", len(requests), counts, _top(failing)))
     return columns, rows
 
 
@@ -78,7 +83,10 @@ def scrape_problems(run: RunData) -> list[ScrapeProblem]:
     samples = run.samples
     errors = samples[
         samples["metric"].isin(("scrape_error",))
-        | samples["labels"].astype("string").str.startswith("error=", na=False)
+        | categories.per_category(
+            samples["labels"],
+            lambda labels: labels.astype("string").str.startswith("error=", na=False),
+        )
     ]
     if errors.empty:
         return []

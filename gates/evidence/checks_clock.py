@@ -156,17 +156,25 @@ def agreed_bound(lo: np.ndarray, hi: np.ndarray, allowed: int) -> tuple[float, f
     (their hull), provided that leaves out at most `allowed` intervals; None otherwise (the
     intervals contradict each other). With `allowed` 0, the plain intersection."""
     n = len(lo)
-    points = np.concatenate([lo, hi])
-    steps = np.concatenate([np.ones(n), -np.ones(n)])
-    order = np.lexsort((-steps, points))  # closed intervals: at a tie, open before closing
-    points, steps = points[order], steps[order]
-    inside = np.cumsum(steps)  # intervals holding the value just after each point
-    need = int(inside.max()) if n else 0
-    if n - need > allowed or n == 0:
+    if n == 0:
         return None
-    opens = np.flatnonzero((steps > 0) & (inside == need))
-    closes = np.flatnonzero((steps < 0) & (inside - steps == need))
-    return float(points[opens[0]]), float(points[closes[-1]])
+    starts, ends = np.sort(lo), np.sort(hi)
+
+    def holding(x: np.ndarray) -> np.ndarray:
+        """How many closed intervals hold each value of `x`."""
+        held: np.ndarray = np.searchsorted(starts, x, side="right") - np.searchsorted(
+            ends, x, side="left"
+        )
+        return held
+
+    # The most intervals are held at some interval's start; the hull of the values held by
+    # that many runs from the first such start to the last end still holding that many.
+    at_starts = holding(starts)
+    need = int(at_starts.max())
+    if n - need > allowed:
+        return None
+    at_ends = holding(ends)
+    return float(starts[at_starts == need][0]), float(ends[at_ends == need][-1])
 
 
 def replica_bounds(intervals: pd.DataFrame) -> dict[str, OffsetBound]:

@@ -17,6 +17,7 @@ import pandas as pd
 from contract import OUTCOMES, PRIORITIES, SERVER_EVENT_KINDS, TRAFFIC_CLASSES, Outcome
 from gates import schema
 from gates.evidence.base import ROWS_SHOWN, Effect, Finding, evidence_check, flagged
+from gates.keys import numbered, pair_codes, text_codes
 from gates.rundir import RunData
 
 REQUESTS, SERVER_EVENTS = schema.REQUESTS, schema.SERVER_EVENTS
@@ -236,9 +237,9 @@ def _dedupe(
     dropped: exact copies (equal in every column of the contract), then rows that share a
     key but not their contents. Rows keep their index: findings name rows as read."""
     findings: list[Finding] = []
+    if not _any_repeated(frame, key, keyed.to_numpy(dtype=bool)):
+        return frame, findings  # the common case: the keys compared as integers, nothing else
     repeated = frame.duplicated(subset=key, keep=False) & keyed
-    if not repeated.any():
-        return frame, findings  # the common case: one key column compared, not every column
     columns = list(schema.TABLE_COLUMNS[table])
     suspects = frame[repeated]
     copies = pd.Series(False, index=frame.index)
@@ -266,11 +267,35 @@ def _dedupe(
     return frame, findings
 
 
+def _any_repeated(frame: pd.DataFrame, key: list[str], keyed: np.ndarray) -> bool:
+    """Whether any key occurs twice among the `keyed` rows (whose key columns hold values),
+    counted over integer codes: a request id's code, a replica's code and a whole-number
+    seq."""
+    rows = frame[key][keyed]
+    if rows.empty:
+        return False
+    combined: np.ndarray | None = None
+    for column in key:
+        values = rows[column]
+        if pd.api.types.is_numeric_dtype(values):  # whole numbers (seq), numbered densely
+            code = numbered(values.to_numpy(dtype=np.int64))[0]
+        else:
+            code = text_codes(values)
+        if combined is not None:  # numbered again, so that the pairs' codes stay narrow
+            code = numbered(pair_codes(combined, code, int(code.max()) + 1))[0]
+        combined = code
+    assert combined is not None
+    return int(numbered(combined)[0].max()) + 1 < len(combined)
+
+
 def _clashes(
     rows: pd.DataFrame, table: str, key: list[str], noun: str, columns: list[str]
 ) -> Finding:
     """An INVALID finding over rows that share a key with different contents (first kept)."""
-    groups = list(rows.groupby(key, sort=False))
+    # the few clashing rows' keys as text: grouping by a categorical goes through all its
+    # categories, and a request id has one per request of the run
+    text = {c: str for c in key if isinstance(rows[c].dtype, pd.CategoricalDtype)}
+    groups = list(rows.astype(text).groupby(key, sort=False))
     shown = []
     for name, group in groups[:VALUES_SHOWN]:
         label = "/".join(_number(v) for v in (name if isinstance(name, tuple) else (name,)))

@@ -15,6 +15,7 @@ import pandas as pd
 
 from gates import schema
 from gates.evidence.base import Effect, Finding, evidence_check, flagged
+from gates.keys import isin
 from gates.rundir import DAMAGED, RunData
 
 # How far outside meta.t_start..t_end a record may lie. t_start is taken before the target
@@ -119,7 +120,7 @@ def _server_events_in_window(
     stray = _outside(events["t"], window)
     if not stray.any():
         return []
-    own = events["request_id"].isin(run.requests["request_id"].dropna())
+    own = pd.Series(isin(events["request_id"], run.requests["request_id"]), index=events.index)
     found = []
     foreign = stray & ~own
     if foreign.any():

@@ -109,7 +109,7 @@ def sample_nulls(run: RunData) -> list[Finding]:
     null = samples["value"].isna()
     if not null.any():
         return []
-    counts = samples.loc[null, "metric"].fillna("(no metric)").value_counts()
+    counts = samples.loc[null, "metric"].astype(str).fillna("(no metric)").value_counts()
     listed = ", ".join(f"{metric} {n}" for metric, n in counts.items())
     message = (
         f"{int(null.sum())} samples have no value ({listed}): each is left out, and a "

@@ -1,10 +1,13 @@
 """Integer keys (gates/keys.py) and the metrics rewritten over them give what the pandas
 formulations they replaced gave, kept here as the reference, over tables hypothesis draws
 with the awkward cases: missing ids and replicas, ties in time, repeated ids, releases by a
-replica that never held the request, deaths after a cancel."""
+replica that never held the request, deaths after a cancel. Each metric is run over its
+tables as the reader holds them (request ids coded over one dictionary for both tables)
+and as text, the way a table built by hand comes; the references read text."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -20,9 +23,13 @@ from gates import schema
 from gates.evidence.checks_clock import ENTRY_EVENTS, offset_intervals
 from gates.evidence.checks_events import release_by_holder
 from gates.keys import (
+    distinct_categories,
+    distinct_counts,
     first_index,
+    isin,
     members,
     numbered,
+    one_dictionary,
     pair_codes,
     per_distinct,
     shared_codes,
@@ -34,9 +41,9 @@ from gates.metrics_release import cancel_release_latency
 from gates.metrics_requests import EMPTY, _evidence, answered_empty_rows
 from gates.metrics_server import _on_two_replicas
 from gates.registry import Observations
-from gates.rundir import RunData, load_run, rows_frame
+from gates.rundir import RunData, load_run, rows_frame, share_dictionaries
 from gates.terms import GateFilter
-from gates.windows import isin, replica_deaths
+from gates.windows import replica_deaths
 from reports.analysis import reservation_error
 from tests.gates.builder import T0, RunBuilder
 
@@ -47,6 +54,13 @@ TIMES = st.sampled_from([T0 + x / 2 for x in range(12)] + [None])
 EXAMPLES = settings(
     max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
+
+
+def _as_text(frame: pd.DataFrame) -> pd.DataFrame:
+    """`frame` with its categorical columns as text: the references were written over text
+    (the reader holds a few text columns as categoricals, gates/schema.py)."""
+    kept = {c: str for c in frame.columns if isinstance(frame[c].dtype, pd.CategoricalDtype)}
+    return frame.astype(kept)
 
 
 def _text(values: list[str | None]) -> pd.Series:
@@ -71,6 +85,23 @@ def test_first_index_maps_as_pandas_does(keys: list[str | None], table: list[str
     if right.isna().any():  # pandas maps a missing key to a missing entry
         expected = expected.where(left.notna(), float(np.flatnonzero(right.isna())[0]))
     assert first_index(left, right).tolist() == expected.fillna(-1).astype(int).tolist()
+
+
+@given(st.lists(IDS, max_size=20), st.lists(IDS, max_size=20))
+def test_one_dictionary_finds_what_the_texts_find(
+    keys: list[str | None], table: list[str | None]
+) -> None:
+    left, right = _text(keys), _text(table)
+    coded_left, coded_right = one_dictionary(left, right)
+    assert coded_left.dtype is coded_right.dtype
+    assert coded_left.astype(str).tolist() == left.tolist()  # NaN stays NaN
+    assert first_index(coded_left, coded_right).tolist() == first_index(left, right).tolist()
+    for allowed in (coded_right, coded_right.unique(), coded_right.iloc[:0]):
+        expected = isin(left, np.asarray(allowed.astype(str), dtype=object))
+        assert isin(coded_left, allowed).tolist() == expected.tolist()
+    (a, b), texts = shared_codes(coded_left, coded_right)
+    for codes, values in ((a, keys), (b, table)):
+        assert [None if c < 0 else texts[c] for c in codes] == values
 
 
 @given(st.lists(st.tuples(IDS, REPLICAS), max_size=30))
@@ -98,8 +129,19 @@ def test_per_distinct_is_the_function_row_by_row(rows: list[tuple[str | None, fl
     )
 
 
-@given(st.lists(st.integers(-1, 5), max_size=40), st.lists(st.integers(-1, 5), max_size=10))
-def test_numbered_and_members_as_sorting_finds_them(keys: list[int], allowed: list[int]) -> None:
+# codes of a dictionary (counted in an array), and keys too far apart for one (hashed)
+NARROW = st.integers(-1, 5)
+WIDE = st.sampled_from([-(2**40), -1, 0, 7, 2**33, 2**40])
+
+
+@given(
+    st.one_of(
+        st.tuples(st.lists(NARROW, max_size=40), st.lists(NARROW, max_size=10)),
+        st.tuples(st.lists(WIDE, max_size=40), st.lists(WIDE, max_size=10)),
+    )
+)
+def test_numbered_and_members_as_sorting_finds_them(drawn: tuple[list[int], list[int]]) -> None:
+    keys, allowed = drawn
     values = np.array(keys, dtype=np.int64)
     number, first = numbered(values)
     _, expected_first = np.unique(values, return_index=True)
@@ -173,87 +215,130 @@ def empty_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return builder.write(tmp_path_factory.mktemp("run"))
 
 
-def _run(path: Path, events: list[dict[str, Any]], requests: list[dict[str, Any]]) -> RunData:
+# Request ids as the reader codes them (one dictionary for both tables), or as text.
+AS_READ = pytest.mark.parametrize("as_read", [True, False], ids=["as-read", "text"])
+
+
+def _tables(
+    events: list[dict[str, Any]], requests: list[dict[str, Any]], as_read: bool
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(server_events, requests) typed as the reader types them."""
+    event_frame = rows_frame(events, schema.SERVER_EVENTS, str)
+    request_frame = rows_frame(requests, schema.REQUESTS, str)
+    if as_read:
+        share_dictionaries(request_frame, event_frame)
+    return event_frame, request_frame
+
+
+def _run(
+    path: Path, events: list[dict[str, Any]], requests: list[dict[str, Any]], as_read: bool
+) -> RunData:
     run = load_run(path)
-    run.server_events = rows_frame(events, schema.SERVER_EVENTS, str)
-    run.requests = rows_frame(requests, schema.REQUESTS, str)
+    run.server_events, run.requests = _tables(events, requests, as_read)
     return run
 
 
+def _text_run(run: RunData) -> RunData:
+    """`run` with every categorical column as text, for the references."""
+    return dataclasses.replace(
+        run,
+        requests=_as_text(run.requests),
+        server_events=_as_text(run.server_events),
+        cache={},
+    )
+
+
+@AS_READ
 @EXAMPLES
 @given(event_rows())
-def test_waiting_spans_as_before(empty_run: Path, events: list[dict[str, Any]]) -> None:
-    frame = rows_frame(events, schema.SERVER_EVENTS, str)
+def test_waiting_spans_as_before(
+    empty_run: Path, as_read: bool, events: list[dict[str, Any]]
+) -> None:
+    frame = _tables(events, [], as_read)[0]
     order = ["request_id", "t0", "t1"]
-    expected = _reference_waiting_spans(frame, T0 + 100).sort_values(order, ignore_index=True)
-    found = waiting_spans(frame, T0 + 100).sort_values(order, ignore_index=True)
+    expected = _reference_waiting_spans(_as_text(frame), T0 + 100)
+    expected = expected.sort_values(order, ignore_index=True)
+    found = _as_text(waiting_spans(frame, T0 + 100)).sort_values(order, ignore_index=True)
     # the same spans (their order says nothing); the text columns stay text where pandas
     # made a column with no text at all, or none left, of type object
     pd.testing.assert_frame_equal(found, expected, check_index_type=False, check_dtype=False)
 
 
+@AS_READ
 @EXAMPLES
 @given(event_rows(), request_rows(), st.sampled_from([0.0, 0.5]))
 def test_cancel_release_as_before(
-    empty_run: Path, events: list[dict[str, Any]], requests: list[dict[str, Any]], skew: float
+    empty_run: Path,
+    as_read: bool,
+    events: list[dict[str, Any]],
+    requests: list[dict[str, Any]],
+    skew: float,
 ) -> None:
-    run = _run(empty_run, events, requests)
+    run = _run(empty_run, events, requests, as_read)
     if not run.server_events["event"].eq(EventKind.ADMITTED).any():
         return  # the histogram fallback, which did not change
     params = {"skew_s": skew}
     found = cancel_release_latency(run, GateFilter(), params)
-    expected = _reference_cancel_release(run, params)
+    expected = _reference_cancel_release(_text_run(run), params)
     assert found.notes == expected.notes and found.missing == expected.missing
-    pd.testing.assert_frame_equal(found.frame, expected.frame)
+    pd.testing.assert_frame_equal(_as_text(found.frame), _as_text(expected.frame))
 
 
+@AS_READ
 @EXAMPLES
 @given(event_rows())
-def test_release_by_holder_as_before(empty_run: Path, events: list[dict[str, Any]]) -> None:
-    run = _run(empty_run, events, [])
+def test_release_by_holder_as_before(
+    empty_run: Path, as_read: bool, events: list[dict[str, Any]]
+) -> None:
+    run = _run(empty_run, events, [], as_read)
     found = release_by_holder(run)
-    expected = _reference_foreign_releases(run.server_events)
+    expected = _reference_foreign_releases(_as_text(run.server_events))
     assert [list(f.rows) for f in found] == ([list(expected.index)] if len(expected) else [])
 
 
+@AS_READ
 @EXAMPLES
 @given(event_rows())
 def test_double_holds_look_at_every_request_held_twice(
-    empty_run: Path, events: list[dict[str, Any]]
+    empty_run: Path, as_read: bool, events: list[dict[str, Any]]
 ) -> None:
-    frame = rows_frame(events, schema.SERVER_EVENTS, str)
+    frame = _tables(events, [], as_read)[0]
     held = frame.loc[frame["request_id"].notna(), ["request_id", "replica", "t"]]
     # what the group-by on (request, replica) that follows counts as held twice
-    expected = held.groupby("request_id")["replica"].transform("nunique").gt(1).to_numpy()
+    text = _as_text(held)
+    expected = text.groupby("request_id")["replica"].transform("nunique").gt(1).to_numpy()
     assert np.array_equal(_on_two_replicas(held), expected)
 
 
+@AS_READ
 @EXAMPLES
 @given(event_rows(), request_rows())
 def test_clock_bounds_as_before(
-    empty_run: Path, events: list[dict[str, Any]], requests: list[dict[str, Any]]
+    empty_run: Path, as_read: bool, events: list[dict[str, Any]], requests: list[dict[str, Any]]
 ) -> None:
-    run = _run(empty_run, events, requests)
-    expected = _reference_offset_intervals(run)
+    run = _run(empty_run, events, requests, as_read)
+    expected = _reference_offset_intervals(_text_run(run))
     # the same values; see test_waiting_spans_as_before on the text columns' type
-    pd.testing.assert_frame_equal(offset_intervals(run), expected, check_dtype=False)
+    pd.testing.assert_frame_equal(_as_text(offset_intervals(run)), expected, check_dtype=False)
 
 
+@AS_READ
 @EXAMPLES
 @given(event_rows(), request_rows())
 def test_reservation_error_as_before(
-    empty_run: Path, events: list[dict[str, Any]], requests: list[dict[str, Any]]
+    empty_run: Path, as_read: bool, events: list[dict[str, Any]], requests: list[dict[str, Any]]
 ) -> None:
-    run = _run(empty_run, events, requests)
-    expected = _reference_reservation_error(run)
-    pd.testing.assert_frame_equal(reservation_error(run), expected, check_dtype=False)
+    run = _run(empty_run, events, requests, as_read)
+    expected = _reference_reservation_error(_text_run(run))
+    found = _as_text(reservation_error(run))
+    pd.testing.assert_frame_equal(found, expected, check_dtype=False)
 
 
 @EXAMPLES
 @given(request_rows())
 def test_failure_label_as_before(empty_run: Path, requests: list[dict[str, Any]]) -> None:
     rows = rows_frame(requests, schema.REQUESTS, str)
-    pd.testing.assert_series_equal(failure_label(rows), _reference_failure_label(rows))
+    pd.testing.assert_series_equal(failure_label(rows), _reference_failure_label(_as_text(rows)))
 
 
 def _reference_waiting_spans(events: pd.DataFrame, t_end: float) -> pd.DataFrame:
@@ -417,3 +502,36 @@ def _reference_failure_label(rows: pd.DataFrame) -> pd.Series:
     return (
         status + rows["outcome"].astype(str) + " " + code.where(code.ne(""), message)
     ).str.strip()
+
+
+@given(st.lists(st.tuples(IDS, st.sampled_from([200.0, 503.0, np.nan])), max_size=30))
+def test_distinct_counts_are_the_value_counts(rows: list[tuple[str | None, float]]) -> None:
+    frame = pd.DataFrame(
+        {"request_id": _text([r[0] for r in rows]), "status": [r[1] for r in rows]}
+    )
+
+    def label(part: pd.DataFrame) -> pd.Series:
+        # "a"/200 and "a"/503 read alike: their counts add up
+        return part["request_id"].astype(str) + " " + part["status"].ge(500).astype(str)
+
+    expected = per_distinct(frame, ["request_id", "status"], label).value_counts()
+    found = distinct_counts(frame, ["request_id", "status"], label)
+    pd.testing.assert_series_equal(found, expected)
+
+
+@given(st.lists(st.tuples(IDS, st.sampled_from([200.0, 503.0, np.nan])), max_size=30))
+def test_distinct_categories_group_as_the_text_does(rows: list[tuple[str | None, float]]) -> None:
+    frame = pd.DataFrame(
+        {"request_id": _text([r[0] for r in rows]), "status": [r[1] for r in rows]}
+    )
+
+    def label(part: pd.DataFrame) -> pd.Series:
+        return part["request_id"].astype(str) + " " + part["status"].ge(500).astype(str)
+
+    text = per_distinct(frame, ["request_id", "status"], label)
+    coded = distinct_categories(frame, ["request_id", "status"], label)
+    assert coded.astype(str).tolist() == text.tolist()  # NaN stays NaN
+    expected = frame["status"].groupby(text).size()
+    found = frame["status"].groupby(coded, observed=True).size()
+    assert found.index.astype(str).tolist() == expected.index.tolist()
+    assert found.tolist() == expected.tolist()

@@ -12,7 +12,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from gates import schema
 from gates.rundir import RunDirError, load_run
+from harness.rundir import compact
 from tests.gates.builder import RunBuilder
 
 
@@ -73,6 +75,53 @@ def test_nullable_writer_dtypes_are_normalised(tmp_path: Path) -> None:
     assert run.requests["http_status"].dtype == "float64"
     mask = run.requests["outcome"].eq("timeout") | run.requests["http_status"].isin((429, 503))
     assert list(run.requests[mask]["request_id"]) == ["a"]  # no ambiguous NA in the mask
+
+
+# -- text with few values as categoricals, request ids over one dictionary ------------------
+
+
+def _two_tables(b: RunBuilder) -> RunBuilder:
+    b.request("r-2", tenant="globex", priority="batch", outcome="rejected", replica="r1")
+    b.request("r-1", tenant="acme", priority="critical", outcome="ok", replica=None)
+    b.event("admitted", 21.0, replica="r0", request_id="r-1", tenant="acme", priority="critical")
+    b.event("queued", 22.0, replica="r2", request_id="r-3", tenant="initech", priority="batch")
+    return b
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
+def test_few_valued_text_reads_as_sorted_categories(tmp_path: Path, fmt: str) -> None:
+    run = load_run(_two_tables(RunBuilder()).write(tmp_path / "run", fmt=fmt))
+    for table, columns in schema.CATEGORY_COLUMNS.items():
+        for column in columns:
+            values = run.table(table)[column]
+            assert isinstance(values.dtype, pd.CategoricalDtype), (table, column)
+            categories = list(values.cat.categories)
+            assert categories == sorted(categories)
+    assert list(run.requests["outcome"].astype(str)) == ["rejected", "ok"]
+    assert run.requests["replica"].isna().tolist() == [False, True]
+    # a column both tables hold has one dtype: its codes mean the same in either
+    for column in ("replica", "tenant", "priority"):
+        assert run.requests[column].dtype is run.server_events[column].dtype
+    assert list(run.requests["replica"].cat.categories) == ["r0", "r1", "r2"]
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "jsonl"])
+def test_request_ids_share_one_dictionary_across_tables(tmp_path: Path, fmt: str) -> None:
+    run = load_run(_two_tables(RunBuilder()).write(tmp_path / "run", fmt=fmt))
+    requests, events = run.requests["request_id"], run.server_events["request_id"]
+    assert requests.cat.categories is events.cat.categories
+    assert list(requests.astype(str)) == ["r-2", "r-1"]
+    assert list(events.astype(str)) == ["r-1", "r-3"]
+    assert events.cat.codes.iloc[0] == requests.cat.codes.iloc[1]  # r-1 in both
+
+
+def test_compaction_writes_text_as_text(tmp_path: Path) -> None:
+    """The reader's categoricals never reach a Parquet file: its column types stay text."""
+    path = _two_tables(RunBuilder()).write(tmp_path / "run", fmt="jsonl")
+    compact(path)
+    stored = pq.read_schema(path / "requests.parquet")
+    for column in ("request_id", "tenant", "outcome"):
+        assert stored.field(column).type == pa.large_string()
 
 
 # -- values of the wrong kind are refused, naming file, table, column and row ----------------

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from gates.evidence import Effect, Finding, check_evidence
 from gates.evidence.checks_clock import agreed_bound
@@ -166,3 +168,32 @@ def test_the_agreed_bound_is_what_most_intervals_share(
     lo: list[float], hi: list[float], allowed: int, expected: tuple[float, float] | None
 ) -> None:
     assert agreed_bound(np.array(lo), np.array(hi), allowed) == expected
+
+
+def _sweep_bound(lo: np.ndarray, hi: np.ndarray, allowed: int) -> tuple[float, float] | None:
+    """The agreed bound by a sweep over every end point in order (opening before closing
+    at a tie), counting the intervals held after each: the formulation agreed_bound's
+    sorted starts and ends replaced."""
+    n = len(lo)
+    points = np.concatenate([lo, hi])
+    steps = np.concatenate([np.ones(n), -np.ones(n)])
+    order = np.lexsort((-steps, points))
+    points, steps = points[order], steps[order]
+    inside = np.cumsum(steps)
+    need = int(inside.max()) if n else 0
+    if n - need > allowed or n == 0:
+        return None
+    opens = np.flatnonzero((steps > 0) & (inside == need))
+    closes = np.flatnonzero((steps < 0) & (inside - steps == need))
+    return float(points[opens[0]]), float(points[closes[-1]])
+
+
+ENDS = st.sampled_from([-np.inf, -1.0, 0.0, 0.25, 0.5, 1.0, 2.0])
+
+
+@given(st.lists(st.tuples(ENDS, ENDS), max_size=12), st.integers(0, 3))
+def test_the_agreed_bound_is_the_sweeps(pairs: list[tuple[float, float]], allowed: int) -> None:
+    intervals = [(a, b) for a, b in pairs if np.isfinite(b)]  # hi is a time, lo may be -inf
+    lo = np.array([a for a, _ in intervals], dtype=float)
+    hi = np.array([b for _, b in intervals], dtype=float)
+    assert agreed_bound(lo, hi, allowed) == _sweep_bound(lo, hi, allowed)
