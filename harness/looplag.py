@@ -49,9 +49,12 @@ class LoopLag:
 
     def _run(self) -> None:
         clock, sleep, counts, over = time.perf_counter, gevent.sleep, self.counts, self.over
+        me = gevent.getcurrent()
         while True:
             asked = clock()
             sleep(TICK_S)
+            if self._greenlet is not me:  # stopped while it slept: the kill is on its way
+                return
             late_ms = max((clock() - asked - TICK_S) * 1000.0, 0.0)
             if late_ms < BUCKETS:
                 counts[int(late_ms)] += 1

@@ -62,3 +62,19 @@ def test_a_loop_held_busy_is_measured_late() -> None:
     ticks = summary["ticks"]
     gevent.sleep(0.05)
     assert lag.summary() == summary and summary["ticks"] == ticks
+
+
+@pytest.mark.timeout(30)
+def test_a_probe_stopped_while_its_wake_is_due_counts_no_more() -> None:
+    """Stopped just as its timer came due (the loop held past it), the probe must not count
+    the wake that the kill is racing."""
+    lag = LoopLag()
+    lag.start()
+    gevent.sleep(0.05)
+    end = time.perf_counter() + 0.03  # the probe's 10 ms wake comes due meanwhile
+    while time.perf_counter() < end:
+        pass
+    ticks = sum(lag.counts) + len(lag.over)
+    lag.stop()
+    gevent.sleep(0.05)
+    assert sum(lag.counts) + len(lag.over) == ticks
