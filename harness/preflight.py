@@ -7,9 +7,10 @@ what to do, found in seconds rather than after the whole plan:
 - /v1/models refuses the key;
 - target.model is not among the models the server lists; with no target.model, the one
   model it lists is used (several: the user must choose).
-And a warning, not an error: a target on this host that runs in another session than
-kvgate, where the kernel shares the CPUs between sessions first (contract.host.OWN_GROUP
-says what that did to a run); the loop_kept_up evidence check judges what it costs.
+And a warning, not an error: a target on this host that runs in another scheduling group
+than kvgate (session or cpu cgroup), among which the kernel shares the CPUs first
+(contract.host.OWN_GROUP says what that did to a run); the loop_kept_up evidence check
+judges what it costs.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from harness.plan import ExternalTarget, Plan, VllmTarget
 from harness.samplers.host import is_this_host, listening_pid
 from harness.samplers.http import request
 
-AUTOGROUPS = Path("/proc/sys/kernel/sched_autogroup_enabled")
+PROC = Path("/proc")
+AUTOGROUPS = PROC / "sys/kernel/sched_autogroup_enabled"
 RETRY_S = 1.0
 SAY_EVERY_S = 5.0  # how often a wait for the target says so on the console
 
@@ -118,30 +120,47 @@ def check_external(plan: Plan, say: Callable[[str], None] = print) -> Plan:
     return plan
 
 
-def other_scheduler_group(url: str) -> str | None:
+def scheduler_group(pid: int | str, proc: Path = PROC) -> str:
+    """The group among which the kernel's CPU scheduler shares the CPUs first, for process
+    `pid` (or "self"): its cpu cgroup when that is not the root one (autogroups apply only in
+    the root), else its session's autogroup while autogroups are on, else the root. A process
+    whose session never had one of its own (no setsid above it, as under some CI runners)
+    is in the default autogroup, whose file reads empty: a group like any other.
+    OSError or ValueError when /proc cannot tell."""
+    where = proc / str(pid)
+    for line in (where / "cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)  # "4:cpu,cpuacct:/path"; v1 only
+        if "cpu" in controllers.split(",") and path not in ("", "/"):
+            return f"cgroup {path}"
+    if (proc / AUTOGROUPS.relative_to(PROC)).read_text().strip() != "1":
+        return "root"
+    said = (where / "autogroup").read_text().split()
+    return said[0] if said else "the default autogroup"
+
+
+def other_scheduler_group(url: str, proc: Path = PROC) -> str | None:
     """Why the server listening at `url` may starve kvgate's load generator, or None: it runs
-    on this host in another session than kvgate, and the kernel's autogroups are on (they
-    share the CPUs between sessions before threads). None also when it cannot be told."""
+    on this host in another scheduling group than kvgate (another session while the kernel's
+    autogroups are on, which share the CPUs between sessions before threads, or another cpu
+    cgroup). None also when it cannot be told."""
     parts = urlsplit(url)
     port = parts.port or (443 if parts.scheme == "https" else 80)
     if not parts.hostname or not is_this_host(parts.hostname):
         return None
     try:
-        if AUTOGROUPS.read_text().strip() != "1":
-            return None
         pid = listening_pid(port)
         if pid is None:
             return None
-        theirs = Path(f"/proc/{pid}/autogroup").read_text().split()[0]
-        ours = Path("/proc/self/autogroup").read_text().split()[0]
-    except (OSError, IndexError):
+        theirs, ours = scheduler_group(pid, proc), scheduler_group("self", proc)
+    except (OSError, ValueError):
         return None
     if theirs == ours:
         return None
     return (
-        f"the server at {url} (pid {pid}) runs in another session than kvgate, and this "
-        "kernel shares the CPUs between sessions before threads (sched_autogroup_enabled): "
-        "a busy server then takes them from kvgate's load generator, and a run whose "
-        "generator falls behind reads INVALID (loop_kept_up). Start the server from the "
-        "shell that runs kvgate, or run kvgate on another host"
+        f"the server at {url} (pid {pid}) runs in another scheduling group than kvgate "
+        f"({theirs}, kvgate's: {ours}), and the kernel shares the CPUs between groups before "
+        "threads (another session while kernel.sched_autogroup_enabled is 1, or another cpu "
+        "cgroup): a busy server then takes them from kvgate's load generator, and a run whose "
+        "generator falls behind reads INVALID (loop_kept_up). Start the server from the shell "
+        "that runs kvgate, or run kvgate on another host"
     )

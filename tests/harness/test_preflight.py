@@ -17,7 +17,13 @@ import pytest
 
 from contract.host import OWN_GROUP
 from harness.plan import ExternalTarget, PlanError, load_plan
-from harness.preflight import AUTOGROUPS, PreflightError, check_external, other_scheduler_group
+from harness.preflight import (
+    AUTOGROUPS,
+    PreflightError,
+    check_external,
+    other_scheduler_group,
+    scheduler_group,
+)
 from harness.traffic import build_user_classes
 from tests.built_users import built_user_classes
 from tests.waiting import wait_until
@@ -139,7 +145,12 @@ def test_prompt_scale_multiplies_every_class_prompt_size() -> None:
     assert half["shared_prefix"][1] == 512  # the plan's 1024-token prefix, halved
 
 
-AUTOGROUPS_ON = AUTOGROUPS.exists() and AUTOGROUPS.read_text().strip() == "1"
+# Sessions are scheduled apart only while autogroups are on and kvgate is in the root cpu cgroup.
+AUTOGROUPS_ON = (
+    AUTOGROUPS.exists()
+    and AUTOGROUPS.read_text().strip() == "1"
+    and not scheduler_group("self").startswith("cgroup ")
+)
 
 
 def listening(port: int) -> bool:
@@ -163,13 +174,58 @@ def http_server(**spawn: Any) -> Iterator[int]:
         proc.wait(timeout=10)
 
 
-@pytest.mark.skipif(not AUTOGROUPS_ON, reason="the kernel's scheduler autogroups are off")
+@pytest.mark.skipif(not AUTOGROUPS_ON, reason="the kernel's scheduler autogroups are off here")
 @pytest.mark.timeout(60)
 def test_a_server_in_another_session_on_this_host_is_warned_of() -> None:
     with http_server(start_new_session=True) as port:
         said = other_scheduler_group(f"http://127.0.0.1:{port}")
-    assert said is not None and "runs in another session than kvgate" in said
+    assert said is not None and "runs in another scheduling group than kvgate" in said
     assert "Start the server from the shell that runs kvgate" in said
+
+
+def fake_proc(root: Path, autogroups: str, **processes: tuple[str, str]) -> Path:
+    """A /proc with the autogroup switch and, per process, its cgroup and autogroup files."""
+    (root / "sys/kernel").mkdir(parents=True)
+    (root / "sys/kernel/sched_autogroup_enabled").write_text(autogroups + "\n")
+    for pid, (cgroup, autogroup) in processes.items():
+        (root / pid).mkdir()
+        (root / pid / "cgroup").write_text(cgroup)
+        (root / pid / "autogroup").write_text(autogroup)
+    return root
+
+
+ROOT_CGROUPS = "4:memory:/runner/7\n2:cpu,cpuacct:/\n0::/\n"
+
+
+def test_the_default_autogroup_is_a_group_of_its_own(tmp_path: Path) -> None:
+    # kvgate under a runner that never started a session: its autogroup file reads empty.
+    # A server started with a session of its own still gets the CPUs apart from it.
+    proc = fake_proc(
+        tmp_path,
+        "1",
+        self=(ROOT_CGROUPS, ""),
+        server=(ROOT_CGROUPS, "/autogroup-7 nice 0\n"),
+        child=(ROOT_CGROUPS, ""),
+    )
+    assert scheduler_group("self", proc) == "the default autogroup"
+    assert scheduler_group("server", proc) == "/autogroup-7"
+    assert scheduler_group("child", proc) == scheduler_group("self", proc)
+
+
+def test_cpu_cgroups_come_before_autogroups_and_autogroups_may_be_off(tmp_path: Path) -> None:
+    contained = "2:cpu,cpuacct:/docker/ab12\n0::/\n"
+    proc = fake_proc(
+        tmp_path,
+        "0",
+        self=(ROOT_CGROUPS, "/autogroup-3 nice 0\n"),
+        server=(ROOT_CGROUPS, "/autogroup-7 nice 0\n"),
+        boxed=(contained, "/autogroup-3 nice 0\n"),
+    )
+    assert scheduler_group("self", proc) == scheduler_group("server", proc) == "root"
+    assert scheduler_group("boxed", proc) == "cgroup /docker/ab12"
+    (proc / "sys/kernel/sched_autogroup_enabled").write_text("1\n")
+    assert scheduler_group("self", proc) != scheduler_group("server", proc)
+    assert scheduler_group("boxed", proc) == "cgroup /docker/ab12"  # autogroups not used there
 
 
 @pytest.mark.timeout(60)

@@ -102,7 +102,8 @@ def test_json_object_reads_what_the_standard_library_reads() -> None:
         "logprob": pytest.approx(float("nan"), nan_ok=True),
         "n": 123456789012345678901234567890,
     }
-    chunk = b'{"choices":[{"delta":{"content":"\\u00e9t\u00e9"}}],"ts":1.5}'
+    # A JSON escape and the same letter as UTF-8 in one chunk.
+    chunk = '{"choices":[{"delta":{"content":"\\u00e9t\u00e9"}}],"ts":1.5}'.encode()
     assert json_object(chunk) == json.loads(chunk)
 
 
