@@ -21,6 +21,11 @@ def test_glibc_takes_the_settings_once_and_for_all() -> None:
 
 def test_loading_a_run_keeps_freed_memory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[bool] = []
-    monkeypatch.setattr(rundir, "keep_freed_memory", lambda: calls.append(True) or True)
+
+    def keep() -> bool:
+        calls.append(True)
+        return True
+
+    monkeypatch.setattr(rundir, "keep_freed_memory", keep)
     rundir.load_run(RunBuilder().request("a").write(tmp_path / "run"))
     assert calls == [True]
