@@ -199,6 +199,27 @@ def numbered(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return number, np.flatnonzero(is_first)
 
 
+def in_time(ids: np.ndarray, t: np.ndarray, n: int, *, last: bool) -> np.ndarray:
+    """Per code below `n`: the position of its first row in time order (its `last` one),
+    -1 for none. A row without a time counts as the latest, as a sort puts NaN last; of rows
+    at the same time, the one first (last) in the table. Without sorting: the earliest
+    (latest) time per code, then the first (last) position among the rows at it."""
+    undated = np.isnan(t)
+    has_undated = np.zeros(n, dtype=bool)
+    has_undated[ids[undated]] = True
+    bound = np.full(n, np.nan)
+    (np.fmax if last else np.fmin).at(bound, ids, t)  # fmin, fmax: NaN is no time
+    if last:
+        at_bound = np.where(has_undated[ids], undated, t == bound[ids])
+    else:  # the undated rows come first only where a code has nothing else
+        at_bound = np.where(np.isnan(bound[ids]), undated, t == bound[ids])
+    found = np.full(n, -1 if last else len(t), dtype=np.int64)
+    (np.maximum if last else np.minimum).at(found, ids[at_bound], np.flatnonzero(at_bound))
+    if not last:
+        found[found == len(t)] = -1
+    return found
+
+
 def isin(
     values: pd.Series, allowed: pd.Series | pd.Index | pd.Categorical | np.ndarray
 ) -> np.ndarray:

@@ -17,7 +17,7 @@ import pandas as pd
 
 from contract import EventKind
 from contract.enums import DEATH_EVENTS
-from gates.keys import pair_codes, shared_codes
+from gates.keys import in_time, shared_codes
 from gates.metrics_requests import REQUEST_FILTERS, ROW_KEYS, _describe, _evidence
 from gates.registry import Cause, Observations, metric
 from gates.rundir import RunData
@@ -130,7 +130,7 @@ class Holding:
         mine = events["event"].eq(EventKind.ADMITTED).to_numpy() & (ids >= 0)
         admitted[ids[mine]] = True
         named = mine & (replicas >= 0)
-        at = _last_in_time(ids[named], events["t"].to_numpy(dtype=float)[named], n)
+        at = in_time(ids[named], events["t"].to_numpy(dtype=float)[named], n, last=True)
         holder = np.full(n, -1, dtype=np.int64)
         held = at >= 0
         holder[held] = replicas[named][at[held]]
@@ -148,23 +148,23 @@ class Holding:
     ) -> tuple[np.ndarray, np.ndarray]:
         """Per cancelled request (its code and cancel): the first release its holder logged
         at or after the cancel (less the skew; NaN for none), and whether its holder logged
-        any release at all. A request recorded twice counts the cancels of both records."""
-        width = len(self.replicas)
-        held = pd.DataFrame(
-            {
-                "id": row_ids,
-                "key": pair_codes(row_ids, self.holder[row_ids], width),
-                "cancel_at": cancel_at,
-            }
-        )
-        keys = pair_codes(self.released_ids, self.released_by, width)
-        released = pd.DataFrame({"key": keys, "t": self.released_t})
-        joined = held.merge(released, on="key", how="left")
-        late = joined[joined["t"] >= joined["cancel_at"] - skew_s]
-        first = np.full(len(self.admitted), np.nan)
-        np.fmin.at(first, late["id"].to_numpy(), late["t"].to_numpy(dtype=float))
-        any_release = np.zeros(len(self.admitted), dtype=bool)
-        any_release[joined.loc[joined["t"].notna(), "id"].to_numpy()] = True
+        any release at all. A request recorded twice counts the cancels of both records: its
+        first release after the earlier of them."""
+        n = len(self.admitted)
+        since = np.full(n, np.nan)  # per request: releases from here on count
+        np.fmin.at(since, row_ids, cancel_at - skew_s)
+        ids, t = self.released_ids, self.released_t
+        known = np.flatnonzero(ids >= 0)
+        # the releases its holder logged (a holder without a name: a release without one)
+        by_holder = known[self.released_by[known] == self.holder[ids[known]]]
+        asked = np.zeros(n, dtype=bool)
+        asked[row_ids] = True
+        by_holder = by_holder[asked[ids[by_holder]]]
+        any_release = np.zeros(n, dtype=bool)
+        any_release[ids[by_holder[~np.isnan(t[by_holder])]]] = True
+        late = by_holder[t[by_holder] >= since[ids[by_holder]]]
+        first = np.full(n, np.nan)
+        np.fmin.at(first, ids[late], t[late])
         return first[row_ids], any_release[row_ids]
 
     def released_elsewhere(self, row_ids: np.ndarray) -> int:
@@ -177,22 +177,6 @@ class Holding:
         holder = np.where(known, self.holder[ids], -1)
         elsewhere = known & judged[ids] & ((by < 0) | (holder < 0) | (by != holder))
         return int(elsewhere.sum())
-
-
-def _last_in_time(ids: np.ndarray, t: np.ndarray, n: int) -> np.ndarray:
-    """Per code below `n`: the position of its last row in time order, -1 for none. A row
-    without a time counts as the latest (as a sort puts NaN last), and of rows at the same
-    time the one that comes last in the table. Without sorting: the latest time per code,
-    then the last position among the rows at it."""
-    undated = np.isnan(t)
-    latest = np.full(n, np.nan)
-    np.fmax.at(latest, ids, t)  # fmax: NaN is no time
-    has_undated = np.zeros(n, dtype=bool)
-    has_undated[ids[undated]] = True
-    at_latest = np.where(has_undated[ids], undated, t == latest[ids])
-    last = np.full(n, -1, dtype=np.int64)
-    np.maximum.at(last, ids[at_latest], np.flatnonzero(at_latest))
-    return last
 
 
 def _death_after(

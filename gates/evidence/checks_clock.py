@@ -58,7 +58,7 @@ import pandas as pd
 
 from contract import EventKind
 from gates.evidence.base import Effect, Finding, evidence_check, flagged
-from gates.keys import first_index, numbered, pair_codes, text_codes
+from gates.keys import first_index, in_time, numbered, pair_codes, text_codes
 from gates.rundir import RunData
 
 CHECK = "clock_offset"
@@ -101,19 +101,20 @@ class OffsetBound:
 
 
 def offset_intervals(run: RunData) -> pd.DataFrame:
-    """One row per (replica, request) seen by both sides: `lo` and `hi` bound theta, `row`
-    is the server_events row of the request's first entry event on that replica."""
+    """One row per (replica, request) seen by both sides, in the table's order of their
+    first entry events: `lo` and `hi` bound theta, `row` is the server_events row of the
+    request's first entry event on that replica."""
     events = run.server_events
     server_rows = ~events["seq"].lt(0)  # the harness's rows count down from -1
     wanted = server_rows & events["event"].isin(ENTRY_EVENTS) & events["request_id"].notna()
     entry = events.loc[wanted, ["replica", "request_id", "t"]]
     if entry.empty:
         return pd.DataFrame(columns=["replica", "request_id", "lo", "hi", "row"])
-    # each (replica, request)'s earliest entry event, in time order
-    order = np.argsort(entry["t"].to_numpy(dtype=float), kind="stable")
+    # each (replica, request)'s earliest entry event
     ids = text_codes(entry["request_id"])
-    keys = pair_codes(text_codes(entry["replica"]), ids, int(ids.max()) + 1)[order]
-    first = order[numbered(keys)[1]]
+    pairs = numbered(pair_codes(text_codes(entry["replica"]), ids, int(ids.max()) + 1))[0]
+    first = in_time(pairs, entry["t"].to_numpy(dtype=float), int(pairs.max()) + 1, last=False)
+    first = np.sort(first)
     sent = run.requests.loc[
         run.requests["t_send"].notna(),
         ["request_id", "t_send", "ttft_s", "e2e_s", "cancel_at", "http_status"],

@@ -274,6 +274,8 @@ def _any_repeated(frame: pd.DataFrame, key: list[str], keyed: np.ndarray) -> boo
     rows = frame[key][keyed]
     if rows.empty:
         return False
+    if _rising_within(rows, key):
+        return False
     combined: np.ndarray | None = None
     for column in key:
         values = rows[column]
@@ -286,6 +288,34 @@ def _any_repeated(frame: pd.DataFrame, key: list[str], keyed: np.ndarray) -> boo
         combined = code
     assert combined is not None
     return int(numbered(combined)[0].max()) + 1 < len(combined)
+
+
+def _rising_within(rows: pd.DataFrame, key: list[str]) -> bool:
+    """Whether no key repeats, shown without counting pairs of keys: one text column holds
+    each code once; or a number column rises strictly, row after row, within each value of
+    one text column before it (a replica's seq as it writes its events). False where it
+    cannot tell."""
+    *groups, last = key
+    values = rows[last]
+    if not groups:
+        if pd.api.types.is_numeric_dtype(values):
+            return False
+        return bool(np.bincount(text_codes(values)).max(initial=0) <= 1)
+    if len(groups) > 1 or not pd.api.types.is_numeric_dtype(values):
+        return False
+    within = numbered(text_codes(rows[groups[0]]))[0]
+    if int(within.max()) + 1 > MANY_GROUPS:
+        return False  # too many values to go through one by one
+    numbers = values.to_numpy(dtype=float)
+    for group in range(int(within.max()) + 1):
+        mine = numbers[within == group]
+        if not np.all(mine[1:] > mine[:-1]):
+            return False
+    return True
+
+
+# Key prefixes with more values than this (replicas, in practice a handful) are counted.
+MANY_GROUPS = 64
 
 
 def _clashes(

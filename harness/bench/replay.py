@@ -94,6 +94,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 
 def summarise(run_dir: Path, rate: float, count: int) -> dict[str, Any]:
     """The replay's figures from its run directory."""
+    from gates.categories import counts
     from gates.rundir import load_run
     from harness.replay import errors_ms
 
@@ -116,7 +117,7 @@ def summarise(run_dir: Path, rate: float, count: int) -> dict[str, Any]:
         "schedule_error_ms_p99_by_tenth": [round(v, 3) for v in tenths],
         "target_p99_ms": SCHEDULE_ERROR_TARGET_MS,
         "load_generator_cpu_cores_mean": replay.get("load_generator_cpu_cores_mean"),
-        "outcomes": requests["outcome"].value_counts().to_dict(),
+        "outcomes": counts(requests["outcome"]).to_dict(),
         "run_dir": str(run_dir),
     }
 

@@ -26,6 +26,7 @@ from gates.keys import (
     distinct_categories,
     distinct_counts,
     first_index,
+    in_time,
     isin,
     members,
     numbered,
@@ -317,9 +318,11 @@ def test_clock_bounds_as_before(
     empty_run: Path, as_read: bool, events: list[dict[str, Any]], requests: list[dict[str, Any]]
 ) -> None:
     run = _run(empty_run, events, requests, as_read)
-    expected = _reference_offset_intervals(_text_run(run))
-    # the same values; see test_waiting_spans_as_before on the text columns' type
-    pd.testing.assert_frame_equal(_as_text(offset_intervals(run)), expected, check_dtype=False)
+    # the same intervals, whatever their order (the reference's is by time, offset_intervals'
+    # by table row); see test_waiting_spans_as_before on the text columns' type
+    expected = _reference_offset_intervals(_text_run(run)).sort_values("row", ignore_index=True)
+    found = _as_text(offset_intervals(run)).sort_values("row", ignore_index=True)
+    pd.testing.assert_frame_equal(found, expected, check_dtype=False)
 
 
 @AS_READ
@@ -535,3 +538,19 @@ def test_distinct_categories_group_as_the_text_does(rows: list[tuple[str | None,
     found = frame["status"].groupby(coded, observed=True).size()
     assert found.index.astype(str).tolist() == expected.index.tolist()
     assert found.tolist() == expected.tolist()
+
+
+@given(
+    st.lists(st.tuples(st.integers(0, 3), st.sampled_from([0.0, 1.0, 2.5, np.nan])), max_size=30)
+)
+def test_in_time_is_what_a_stable_sort_by_time_finds(rows: list[tuple[int, float]]) -> None:
+    ids = np.array([r[0] for r in rows], dtype=np.int64)
+    t = np.array([r[1] for r in rows], dtype=float)
+    order = np.argsort(t, kind="stable")  # NaN last, ties in table order
+    expected_first, expected_last = np.full(4, -1), np.full(4, -1)
+    for position in order[::-1]:
+        expected_first[ids[position]] = position
+    for position in order:
+        expected_last[ids[position]] = position
+    assert in_time(ids, t, 4, last=False).tolist() == expected_first.tolist()
+    assert in_time(ids, t, 4, last=True).tolist() == expected_last.tolist()

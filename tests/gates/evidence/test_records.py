@@ -8,9 +8,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from gates.cli import main
 from gates.evidence import EvidenceRefused
+from gates.evidence.checks_records import _any_repeated
+from gates.rundir import rows_frame, share_dictionaries
 from gates.verdict import Status, Verdict
 from tests.gates.builder import RunBuilder
 from tests.gates.conftest import gate
@@ -213,3 +217,28 @@ def test_rows_the_sink_dropped_are_no_finding(check: Judge) -> None:
     b.meta["records"] = {"written": 100, "duplicates_dropped": 4}
     verdict = check(b)
     assert ran_clean(verdict, "unique_records") and verdict.status == Status.PASS
+
+
+# -- the keys compared as integers ----------------------------------------------------------
+
+EVENT_KEYS = st.tuples(st.sampled_from(["r0", "r1", None]), st.sampled_from([0, 1, 2, 5, -1]))
+
+
+@given(st.lists(EVENT_KEYS, max_size=25), st.booleans())
+def test_repeated_keys_are_found_as_pandas_finds_them(
+    keys: list[tuple[str | None, int]], as_read: bool
+) -> None:
+    rows = [
+        {"request_id": f"q{seq}", "replica": replica, "seq": seq, "event": "admitted", "t": 1.0}
+        for replica, seq in keys
+    ]
+    events = rows_frame(rows, "server_events", str)
+    requests = rows_frame([{"request_id": r["request_id"]} for r in rows], "requests", str)
+    if as_read:
+        share_dictionaries(requests, events)
+    for frame, key, keyed in (
+        (events, ["replica", "seq"], events["replica"].notna() & (events["seq"] >= 0)),
+        (requests, ["request_id"], requests["request_id"].notna()),
+    ):
+        expected = bool((frame.duplicated(subset=key, keep=False) & keyed).any())
+        assert _any_repeated(frame, key, keyed.to_numpy()) == expected
