@@ -222,25 +222,9 @@ def _run(plan: Plan, args: argparse.Namespace) -> int:
 
 def replay_line(run_dir: Path) -> str | None:
     """One line on a replayed trace, from meta.json's `replay` (None without one)."""
-    meta = json.loads((run_dir / "meta.json").read_text())
-    replay = meta.get("replay")
-    if not isinstance(replay, dict):
-        return None
-    late = replay.get("schedule_error_ms") or {}
-    timing = (
-        f"schedule error p50 {late['p50']:.1f} ms, p99 {late['p99']:.1f} ms, max "
-        f"{late['max']:.0f} ms (bound {replay.get('schedule_error_bound_ms'):g} ms at p99)"
-        if late
-        else "no request sent"
-    )
-    reuse = replay.get("prefix_reuse_server"), replay.get("prefix_reuse_trace")
-    shown = " ".join("-" if r is None else f"{r:.1%}" for r in reuse)
-    return (
-        f"replay: {replay.get('sent')} of {replay.get('scheduled')} requests sent "
-        f"({replay.get('unsent')} unsent, {replay.get('stragglers')} still running at the "
-        f"end), {replay.get('clipped')} clipped, {replay.get('skipped')} skipped; {timing}; "
-        f"prefix reuse server/trace {shown.replace(' ', ' / ')}"
-    )
+    from reports.replayed import replay_sentence
+
+    return replay_sentence(json.loads((run_dir / "meta.json").read_text()))
 
 
 if __name__ == "__main__":

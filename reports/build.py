@@ -37,6 +37,7 @@ from reports.outcomes import (
     server_counters,
     token_ratio,
 )
+from reports.replayed import replay_sentence
 
 STATUS_COLORS = {
     Status.PASS: "#16a34a",
@@ -154,6 +155,7 @@ def _run_facts(run: RunData) -> dict[str, Any]:
         ),
         "sources": run.sources,
         "outcomes": {str(k): int(v) for k, v in categories.counts(run.requests["outcome"]).items()},
+        "replay": replay_sentence(run.meta),
     }
 
 

@@ -59,6 +59,41 @@ def test_charts_without_data_say_so(tmp_path: Path) -> None:
     )
 
 
+def test_a_replayed_trace_is_said_under_the_verdict(run_copy: Callable[[str], Path]) -> None:
+    path = run_copy("clean")
+    plain = write_reports(path)
+    assert "Replay:" not in plain["markdown"].read_text()
+    assert 'id="replay"' not in plain["html"].read_text()
+    meta = json.loads((path / "meta.json").read_text())
+    meta["replay"] = {
+        "scheduled": 12031,
+        "sent": 12030,
+        "unsent": 1,
+        "stragglers": 2,
+        "clipped": 254,
+        "skipped": 0,
+        "schedule_error_ms": {"p50": 3.15, "p99": 16.54, "max": 49.7},
+        "schedule_error_bound_ms": 25.0,
+        "prefix_reuse_server": 0.1602,
+        "prefix_reuse_trace": 0.3777,
+        "load_generator_cpu_cores_mean": 0.204,
+        "load_generator_cpu_cores_max": 0.441,
+    }
+    (path / "meta.json").write_text(json.dumps(meta))
+    said = (
+        "Replay: 12030 of 12031 requests sent (1 unsent, 2 still running at the end), 254 "
+        "clipped, 0 skipped; schedule error p50 3.1 ms, p99 16.5 ms, max 50 ms (bound 25 ms "
+        "at p99); prefix reuse server/trace 16.0% / 37.8%; load generator 0.20 cores on "
+        "average, 0.44 at most."
+    )
+    paths = write_reports(path)
+    summary = paths["markdown"].read_text()
+    assert said in summary
+    assert summary.index(said) < summary.index("| gate | key | status |")
+    html = paths["html"].read_text()
+    assert f'<p class="value" id="replay">{said}</p>' in html
+
+
 def test_existing_verdict_is_reused(run_copy: Callable[[str], Path]) -> None:
     path = run_copy("clean")
     assert main([str(path)]) == 0
