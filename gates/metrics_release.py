@@ -61,7 +61,8 @@ def cancel_release_latency(
         return Observations.none(rows)
     (event_ids, row_ids), ids = shared_codes(events["request_id"], rows["request_id"])
     holding = Holding.of(events, event_ids, len(ids))
-    kept = (row_ids >= 0) & holding.admitted[row_ids]
+    kept = row_ids >= 0  # a request id no event names was never admitted (nor are ids missing)
+    kept[kept] = holding.admitted[row_ids[kept]]
     rows, row_ids = rows[kept], row_ids[kept]
     if rows.empty:
         return Observations.none(

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from contract import EventKind
@@ -265,9 +265,25 @@ def test_waiting_spans_as_before(
     pd.testing.assert_frame_equal(found, expected, check_index_type=False, check_dtype=False)
 
 
+# Every id missing: admissions that name no request, and a cancellation no event names
+# (once an IndexError, when no request id was admitted at all).
+NO_IDS_ADMITTED = {"request_id": None, "replica": "r0", "event": "admitted", "t": T0, "seq": 0}
+NO_IDS_CANCELLED = {
+    "request_id": None,
+    "replica": "r0",
+    "cancel_at": T0,
+    "t_send": T0,
+    "traffic_class": "short_qa",
+    "priority": "critical",
+    "tenant": "acme",
+    "outcome": "ok",
+}
+
+
 @AS_READ
 @EXAMPLES
 @given(event_rows(), request_rows(), st.sampled_from([0.0, 0.5]))
+@example(events=[NO_IDS_ADMITTED, NO_IDS_ADMITTED], requests=[NO_IDS_CANCELLED], skew=0.0)
 def test_cancel_release_as_before(
     empty_run: Path,
     as_read: bool,
@@ -507,32 +523,38 @@ def _reference_failure_label(rows: pd.DataFrame) -> pd.Series:
     ).str.strip()
 
 
-@given(st.lists(st.tuples(IDS, st.sampled_from([200.0, 503.0, np.nan])), max_size=30))
+def test_ids_arrow_cannot_read_as_text_are_still_looked_up() -> None:
+    # a hand-built table may hold numbers beside text: Arrow refuses to make one column of
+    # them, and pandas' own lookup answers instead (a missing id is in no set)
+    ids = pd.Series([1, "a", None, 2.5], dtype=object)
+    assert isin(ids, np.array(["a", 1], dtype=object)).tolist() == [True, True, False, False]
+
+
+STATUSES = st.lists(st.tuples(IDS, st.sampled_from([200.0, 503.0, np.nan])), max_size=30)
+
+
+def _statuses(rows: list[tuple[str | None, float]]) -> pd.DataFrame:
+    return pd.DataFrame({"request_id": _text([r[0] for r in rows]), "status": [r[1] for r in rows]})
+
+
+def _status_label(part: pd.DataFrame) -> pd.Series:
+    # "a"/200 and "a"/503 read alike: their counts add up
+    return part["request_id"].astype(str) + " " + part["status"].ge(500).astype(str)
+
+
+@given(STATUSES)
 def test_distinct_counts_are_the_value_counts(rows: list[tuple[str | None, float]]) -> None:
-    frame = pd.DataFrame(
-        {"request_id": _text([r[0] for r in rows]), "status": [r[1] for r in rows]}
-    )
-
-    def label(part: pd.DataFrame) -> pd.Series:
-        # "a"/200 and "a"/503 read alike: their counts add up
-        return part["request_id"].astype(str) + " " + part["status"].ge(500).astype(str)
-
-    expected = per_distinct(frame, ["request_id", "status"], label).value_counts()
-    found = distinct_counts(frame, ["request_id", "status"], label)
+    frame = _statuses(rows)
+    expected = per_distinct(frame, ["request_id", "status"], _status_label).value_counts()
+    found = distinct_counts(frame, ["request_id", "status"], _status_label)
     pd.testing.assert_series_equal(found, expected)
 
 
-@given(st.lists(st.tuples(IDS, st.sampled_from([200.0, 503.0, np.nan])), max_size=30))
+@given(STATUSES)
 def test_distinct_categories_group_as_the_text_does(rows: list[tuple[str | None, float]]) -> None:
-    frame = pd.DataFrame(
-        {"request_id": _text([r[0] for r in rows]), "status": [r[1] for r in rows]}
-    )
-
-    def label(part: pd.DataFrame) -> pd.Series:
-        return part["request_id"].astype(str) + " " + part["status"].ge(500).astype(str)
-
-    text = per_distinct(frame, ["request_id", "status"], label)
-    coded = distinct_categories(frame, ["request_id", "status"], label)
+    frame = _statuses(rows)
+    text = per_distinct(frame, ["request_id", "status"], _status_label)
+    coded = distinct_categories(frame, ["request_id", "status"], _status_label)
     assert coded.astype(str).tolist() == text.tolist()  # NaN stays NaN
     expected = frame["status"].groupby(text).size()
     found = frame["status"].groupby(coded, observed=True).size()
