@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -70,6 +71,11 @@ def check(tmp_path: Path, small_gates: GateFile) -> Judge:
     return run
 
 
+def findings(verdict: Verdict, check: str) -> list[dict[str, Any]]:
+    """The findings of `check` in a verdict."""
+    return [f for f in verdict.evidence["findings"] if f["check"] == check]
+
+
 def messages(verdict: Verdict, check: str) -> list[str]:
     """The messages of the findings of `check` in a verdict."""
-    return [f["message"] for f in verdict.evidence["findings"] if f["check"] == check]
+    return [f["message"] for f in findings(verdict, check)]

@@ -8,7 +8,7 @@ from typing import Any
 
 from gates.verdict import Status
 from tests.gates.builder import RunBuilder
-from tests.gates.evidence.conftest import Judge, clean, messages
+from tests.gates.evidence.conftest import Judge, clean, findings, messages
 
 
 def lagged(p99_ms: float, bound_ms: float | None = 50.0) -> RunBuilder:
@@ -20,10 +20,6 @@ def lagged(p99_ms: float, bound_ms: float | None = 50.0) -> RunBuilder:
         generator["loop_lag_bound_ms"] = bound_ms
     b.meta["load_generator"] = generator
     return b
-
-
-def findings(verdict: Any) -> list[dict[str, Any]]:
-    return [f for f in verdict.evidence["findings"] if f["check"] == "loop_kept_up"]
 
 
 def test_a_loop_that_kept_up_has_no_finding(check: Judge) -> None:
@@ -39,14 +35,14 @@ def test_a_loop_late_past_its_bound_is_invalid_and_doubts_timing(check: Judge) -
     assert message.startswith("the load generator's event loop woke 1200 ms late at p99")
     assert "past its bound of 50 ms (samplers.loop_lag_bound_ms)" in message
     assert "OWN_GROUP" in message  # the way out names the scheduler groups
-    [finding] = findings(verdict)
+    [finding] = findings(verdict, "loop_kept_up")
     assert finding["effect"] == "invalid" and finding["doubts_timing"] is True
 
 
 def test_over_half_the_bound_is_a_note_and_the_run_is_judged(check: Judge) -> None:
     verdict = check(lagged(p99_ms=30.0))
     assert verdict.status == Status.PASS
-    [finding] = findings(verdict)
+    [finding] = findings(verdict, "loop_kept_up")
     assert finding["effect"] == "note"
     assert "over half its bound of 50 ms" in finding["message"]
 
@@ -63,4 +59,4 @@ def test_a_run_that_kept_no_bound_is_held_to_kvgates_default(check: Judge) -> No
 
 def test_a_run_without_the_measurement_is_not_judged_on_it(check: Judge) -> None:
     verdict = check(clean())
-    assert findings(verdict) == []
+    assert findings(verdict, "loop_kept_up") == []

@@ -6,7 +6,7 @@ from __future__ import annotations
 from gates.verdict import Status
 from tests.gates.builder import RunBuilder, host_cpu
 from tests.gates.conftest import gate
-from tests.gates.evidence.conftest import Judge, clean, messages
+from tests.gates.evidence.conftest import Judge, clean, findings, messages
 
 
 def slow(ttft: float = 1.5) -> RunBuilder:
@@ -37,7 +37,7 @@ def test_a_ttft_fail_beside_a_busy_neighbour_reads_invalid_not_fail(check: Judge
         "(55%; worst 10 s: 1.1, 55%): the server's and the client's timings are not this "
         "system's; rerun on a quiet host"
     )
-    [finding] = [f for f in verdict.evidence["findings"] if f["check"] == "host_contention"]
+    [finding] = findings(verdict, "host_contention")
     assert finding["effect"] == "invalid" and finding["doubts_timing"] is True
 
 

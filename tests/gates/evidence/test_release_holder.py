@@ -10,6 +10,7 @@ import numpy as np
 from gates.verdict import Status, Verdict
 from tests.gates.builder import RunBuilder
 from tests.gates.conftest import gate
+from tests.gates.evidence.conftest import findings
 
 Judge = Callable[[RunBuilder], Verdict]
 
@@ -39,7 +40,7 @@ def test_a_release_logged_by_another_replica_leaves_the_holders_leak_failing(
     assert result.censored == 10
     assert result.evidence[0]["request_id"].startswith("leak")
     assert any("other than the one that last admitted" in n for n in result.notes)
-    (finding,) = [f for f in verdict.evidence["findings"] if f["check"] == "release_by_holder"]
+    (finding,) = findings(verdict, "release_by_holder")
     assert finding["effect"] == "note" and finding["n_rows"] == 10
     assert (finding["table"], finding["column"]) == ("server_events", "replica")
     assert "leak0 released by r1" in finding["message"]

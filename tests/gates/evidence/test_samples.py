@@ -16,13 +16,10 @@ from gates.rundir import load_run
 from gates.verdict import Status, Verdict
 from tests.gates.builder import RunBuilder
 from tests.gates.conftest import gate
+from tests.gates.evidence.conftest import findings
 
 Judge = Callable[[RunBuilder], Verdict]
 KV_GAUGE = "vllm:kv_cache_usage_perc"
-
-
-def findings(verdict: Verdict, check: str) -> list[dict[str, object]]:
-    return [f for f in verdict.evidence["findings"] if f["check"] == check]
 
 
 def test_a_null_reading_between_two_counter_readings_still_shows_the_oom(judge: Judge) -> None:

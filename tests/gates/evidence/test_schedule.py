@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from gates.verdict import Status
 from tests.gates.builder import RunBuilder
-from tests.gates.evidence.conftest import Judge, clean, messages
+from tests.gates.evidence.conftest import Judge, clean, findings, messages
 
 
 def replayed(late_ms: float, bound_ms: float = 5.0, unsent: int = 0) -> RunBuilder:
@@ -31,7 +31,7 @@ def test_a_replay_late_past_its_bound_is_invalid_and_doubts_timing(check: Judge)
     [message] = messages(verdict, "schedule_kept")
     assert message.startswith("the replay's requests went out 12.0 ms late at p99")
     assert "past its bound of 5 ms (samplers.schedule_error_bound_ms)" in message
-    [finding] = [f for f in verdict.evidence["findings"] if f["check"] == "schedule_kept"]
+    [finding] = findings(verdict, "schedule_kept")
     assert finding["doubts_timing"] is True
 
 
